@@ -1,0 +1,1 @@
+"""agiledart.overlay"""
