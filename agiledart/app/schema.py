@@ -1,0 +1,219 @@
+"""Parameter schemas of operators, connectors and datasets, as data.
+
+Each :class:`Param` says what one ``params`` entry may hold; :func:`check_params`
+checks a mapping against a schema, reports every problem with its field path and
+fills in defaults. Cross-parameter rules (``slide_ms <= size_ms``, ``field`` unless
+``count``) live with the parser.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agiledart.app.errors import Problem
+from agiledart.app.spec import AGGREGATES, CHECKPOINT_MODES, DATASETS
+
+__all__ = [
+    "CHECKPOINT_PARAMS",
+    "DATASET_PARAMS",
+    "OPERATOR_PARAMS",
+    "SINK_PARAMS",
+    "SOURCE_PARAMS",
+    "Param",
+    "check_params",
+    "check_plain",
+    "did_you_mean",
+]
+
+
+def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def _strs(v: Any) -> bool:
+    if isinstance(v, str):
+        return bool(v)
+    return isinstance(v, list | tuple) and bool(v) and all(isinstance(s, str) and s for s in v)
+
+
+#: kind -> (test, description used in messages)
+_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "posint": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "nonnegint": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "int": (_is_int, "an integer"),
+    "posnum": (lambda v: _is_num(v) and v > 0, "a positive number"),
+    "fraction": (lambda v: _is_num(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "str": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+    "strs": (_strs, "a field name or a list of field names"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    name: str
+    kind: str  # a key of _KINDS, or "enum" (one of ``choices``)
+    required: bool = False
+    default: Any = None
+    choices: tuple[Any, ...] = ()
+    unit: str = ""
+
+    def describe(self) -> str:
+        if self.kind == "enum":
+            return "one of " + ", ".join(str(c) for c in self.choices)
+        what = _KINDS[self.kind][1]
+        return f"{what} ({self.unit})" if self.unit else what
+
+    def check(self, value: Any) -> str | None:
+        """None if ``value`` is acceptable, else what is wrong with it."""
+        ok = value in self.choices if self.kind == "enum" else _KINDS[self.kind][0](value)
+        if ok:
+            return None
+        return f"must be {self.describe()}, got {value!r}"
+
+
+def _p(name: str, kind: str, **kw: Any) -> Param:
+    return Param(name, kind, **kw)
+
+
+_MS = {"unit": "milliseconds"}
+OPERATOR_PARAMS: Mapping[str, tuple[Param, ...]] = {
+    "window": (
+        _p("size_ms", "posint", required=True, **_MS),
+        _p("slide_ms", "posint", **_MS),
+        _p("key", "str"),
+        _p("aggregate", "enum", required=True, choices=AGGREGATES),
+        _p("field", "str"),
+    ),
+    "aggregate": (
+        _p("key", "str"),
+        _p("aggregate", "enum", required=True, choices=AGGREGATES),
+        _p("field", "str"),
+    ),
+    "join": (_p("key", "str", required=True), _p("window_ms", "posint", required=True, **_MS)),
+    "top_k": (
+        _p("k", "posint", required=True),
+        _p("by", "str", required=True),
+        _p("window_ms", "posint", required=True, **_MS),
+    ),
+    "dedupe": (_p("key", "str", required=True), _p("ttl_ms", "posint", required=True, **_MS)),
+    "key_by": (_p("key", "strs"),),
+    "union": (),
+}
+
+_GENERATOR_COMMON = (
+    _p("dataset", "enum", required=True, choices=DATASETS),
+    _p("rate", "posnum", required=True, unit="records per second of event time"),
+    _p("count", "nonnegint"),
+    _p("seed", "int", default=0),
+    _p("start_ts", "int", default=0, **_MS),
+    _p("disorder_ms", "nonnegint", default=0, **_MS),
+    _p("out_of_order_ms", "nonnegint", **_MS),
+)
+#: Extra generator parameters per dataset (see agiledart.datasets).
+DATASET_PARAMS: Mapping[str, tuple[Param, ...]] = {
+    "urban": (_p("sensors", "posint", default=10), _p("dup_ratio", "fraction", default=0.0)),
+    "taxi": (
+        _p("cells", "posint", default=300),
+        _p("taxis", "posint", default=1000),
+        _p("invalid_ratio", "fraction", default=0.01),
+    ),
+    "words": (),
+    "counter": (_p("keys", "posint", default=16),),
+}
+_FORMATS = ("jsonl", "csv")
+_MQTT = (
+    _p("topic", "str", required=True),
+    _p("broker", "str", default="localhost:1883"),
+    _p("qos", "enum", default=0, choices=(0, 1, 2)),
+)
+SOURCE_PARAMS: Mapping[str, tuple[Param, ...]] = {
+    "generator": _GENERATOR_COMMON,
+    "file": (
+        _p("path", "str", required=True),
+        _p("format", "enum", choices=_FORMATS),
+        _p("rate", "posnum", unit="records per second"),
+        _p("out_of_order_ms", "nonnegint", default=1000, **_MS),
+    ),
+    "mqtt": (*_MQTT, _p("out_of_order_ms", "nonnegint", default=1000, **_MS)),
+}
+SINK_PARAMS: Mapping[str, tuple[Param, ...]] = {
+    "file": (_p("path", "str", required=True), _p("format", "enum", choices=_FORMATS)),
+    "mqtt": _MQTT,
+    "stdout": (),
+}
+CHECKPOINT_PARAMS: tuple[Param, ...] = (
+    _p("interval_ms", "posint", default=10_000, **_MS),
+    _p("mode", "enum", default="auto", choices=CHECKPOINT_MODES),
+    _p("m", "posint", default=3),
+    _p("k", "nonnegint", default=2),
+)
+
+
+def check_params(
+    params: Mapping[str, Any],
+    schema: tuple[Param, ...],
+    path: str,
+    problems: list[Problem],
+    *,
+    owner: str,
+) -> dict[str, Any]:
+    """Check ``params`` (at ``path``) against ``schema``; the result has defaults filled."""
+    known = {p.name: p for p in schema}
+    out: dict[str, Any] = {}
+    for name, value in params.items():
+        p = known.get(name)
+        if p is None:
+            takes = ", ".join(known) or "no parameters"
+            hint = did_you_mean(str(name), list(known))
+            problems.append(
+                Problem(f"{path}.{name}", f"unknown parameter{hint}; {owner} takes: {takes}")
+            )
+            continue
+        bad = p.check(value)
+        if bad is not None:
+            problems.append(Problem(f"{path}.{name}", bad))
+            continue
+        out[name] = value
+    for p in schema:
+        if p.name in params:
+            continue
+        if p.required:
+            problems.append(
+                Problem(f"{path}.{p.name}", f"missing; {owner} needs {p.name}: {p.describe()}")
+            )
+        elif p.default is not None:
+            out[p.name] = p.default
+    return out
+
+
+def check_plain(value: Any, path: str, problems: list[Problem]) -> None:
+    """Function params must be plain data (msgpack-able): report anything else."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return
+    if isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            check_plain(v, f"{path}[{i}]", problems)
+        return
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                problems.append(Problem(path, f"keys must be strings, got {k!r}"))
+            check_plain(v, f"{path}.{k}", problems)
+        return
+    problems.append(
+        Problem(path, f"must be plain data (string, number, bool, null, list, map), got {value!r}")
+    )

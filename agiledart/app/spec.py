@@ -1,0 +1,219 @@
+"""The validated app spec: frozen dataclasses, the catalogue of names, ``to_dict``.
+
+An :class:`AppSpec` only ever exists validated: build one with
+:func:`agiledart.app.parse_spec` (YAML text, a file, a mapping) or the
+:class:`agiledart.app.App` builder; both run the same checks. ``params`` mappings are
+deep-frozen (read-only mappings, tuples for lists) and hold normalized values: defaults
+are filled in (a window's ``slide_ms`` defaults to its ``size_ms``), so two specs that
+mean the same thing compare equal. :meth:`AppSpec.to_dict` gives plain dicts and lists
+(msgpack- and JSON-able) and ``parse_spec(spec.to_dict()) == spec``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+__all__ = [
+    "AGGREGATES",
+    "CHECKPOINT_MODES",
+    "DATASETS",
+    "DEFAULT_PLACEMENT",
+    "MAX_PANES_PER_WINDOW",
+    "MAX_WINDOWS_PER_RECORD",
+    "MERGE_OPERATORS",
+    "OPERATOR_KINDS",
+    "PLACEMENTS",
+    "SINK_CONNECTORS",
+    "SOURCE_CONNECTORS",
+    "STATEFUL_OPERATORS",
+    "AppSpec",
+    "CheckpointSpec",
+    "OperatorSpec",
+    "SinkSpec",
+    "SourceSpec",
+    "freeze",
+    "thaw",
+]
+
+OPERATOR_KINDS = (
+    "map",
+    "filter",
+    "flat_map",
+    "key_by",
+    "window",
+    "join",
+    "union",
+    "top_k",
+    "dedupe",
+    "aggregate",
+)
+#: Operators that take more than one input (the rendezvous points of JOIN routing).
+MERGE_OPERATORS = frozenset({"join", "union"})
+#: Operators whose state must be checkpointed.
+STATEFUL_OPERATORS = frozenset({"window", "join", "top_k", "dedupe", "aggregate"})
+AGGREGATES = ("count", "sum", "mean", "min", "max")
+SOURCE_CONNECTORS = ("generator", "file", "mqtt")
+SINK_CONNECTORS = ("file", "mqtt", "stdout")
+DATASETS = ("urban", "taxi", "words", "counter")
+PLACEMENTS = ("join-routing", "random")
+DEFAULT_PLACEMENT = "join-routing"
+CHECKPOINT_MODES = ("auto", "restart", "erasure")
+#: Sliding windows: at most this many windows hold one record (size_ms / slide_ms) ...
+MAX_WINDOWS_PER_RECORD = 1000
+#: ... and at most this many panes of gcd(size_ms, slide_ms) make one window.
+MAX_PANES_PER_WINDOW = 100_000
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+def freeze(value: Any) -> Any:
+    """Deep-freeze plain data: dicts become read-only mappings, lists become tuples."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: freeze(v) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """Undo :func:`freeze`: plain dicts and lists, ready for msgpack or JSON."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [thaw(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SourceSpec:
+    """A source pinned to a peer: ``connector`` is generator, file or mqtt."""
+
+    id: str
+    peer: str
+    connector: str
+    params: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "peer": self.peer,
+            "connector": self.connector,
+            "params": thaw(self.params),
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OperatorSpec:
+    """One operator: built-in ``op``, optional ``fn`` reference, params and inputs."""
+
+    id: str
+    op: str
+    inputs: tuple[str, ...]
+    fn: str | None = None
+    params: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+    @property
+    def stateful(self) -> bool:
+        return self.op in STATEFUL_OPERATORS
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"id": self.id, "op": self.op}
+        if self.fn is not None:
+            d["fn"] = self.fn
+        d["params"] = thaw(self.params)
+        d["inputs"] = list(self.inputs)
+        return d
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SinkSpec:
+    """A sink pinned to a peer: ``connector`` is file, mqtt or stdout."""
+
+    id: str
+    peer: str
+    connector: str
+    inputs: tuple[str, ...]
+    params: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "peer": self.peer,
+            "connector": self.connector,
+            "params": thaw(self.params),
+            "inputs": list(self.inputs),
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointSpec:
+    """Checkpoint settings (DESIGN §3.8): barrier interval, policy, fragments m + k.
+
+    ``mode``: ``restart`` (no state saved; stateless or short-lived apps), ``erasure``
+    (snapshots split into ``m`` fragments, zfec-encoded to ``m + k``), or ``auto``
+    (erasure coding when the app has a stateful operator and no finite source).
+    """
+
+    interval_ms: int = 10_000
+    mode: str = "auto"
+    m: int = 3
+    k: int = 2
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"interval_ms": self.interval_ms, "mode": self.mode, "m": self.m, "k": self.k}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AppSpec:
+    """A validated application: the dataflow as a value."""
+
+    name: str
+    sources: tuple[SourceSpec, ...]
+    operators: tuple[OperatorSpec, ...]
+    sinks: tuple[SinkSpec, ...]
+    placement: str = DEFAULT_PLACEMENT
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    params: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+    def node(self, node_id: str) -> SourceSpec | OperatorSpec | SinkSpec:
+        """The source, operator or sink called ``node_id`` (KeyError if none)."""
+        for group in (self.sources, self.operators, self.sinks):
+            for n in group:
+                if n.id == node_id:
+                    return n
+        raise KeyError(node_id)
+
+    def operator(self, op_id: str) -> OperatorSpec:
+        for o in self.operators:
+            if o.id == op_id:
+                return o
+        raise KeyError(op_id)
+
+    @property
+    def stateful(self) -> bool:
+        return any(o.op in STATEFUL_OPERATORS for o in self.operators)
+
+    @property
+    def finite(self) -> bool:
+        """Whether every source ends (a file, or a generator with a ``count``)."""
+        return all(
+            s.connector == "file" or (s.connector == "generator" and "count" in s.params)
+            for s in self.sources
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for storage; ``parse_spec(spec.to_dict()) == spec``."""
+        d: dict[str, Any] = {
+            "name": self.name,
+            "placement": self.placement,
+            "checkpoint": self.checkpoint.to_dict(),
+        }
+        if self.params:
+            d["params"] = thaw(self.params)
+        d["sources"] = [s.to_dict() for s in self.sources]
+        d["operators"] = [o.to_dict() for o in self.operators]
+        d["sinks"] = [s.to_dict() for s in self.sinks]
+        return d
