@@ -1,4 +1,225 @@
-"""Command-line entry point (placeholder until the CLI lands)."""
+"""The ``agiledart`` command line.
 
-def main() -> int:
+Exit codes: 0 success, 1 a reported error (``Error: ...`` on stderr), 2 a usage error.
+Client commands reach a peer with ``--via HOST:PORT`` (default ``$AGILEDART_PEER``)
+and read the cluster key as the peer does (``--cluster-key-file`` or
+``$AGILEDART_CLUSTER_KEY``, ``--insecure`` for test clusters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from agiledart import __version__
+from agiledart.errors import AgiledartError
+
+__all__ = ["main"]
+
+ENV_PEER = "AGILEDART_PEER"
+
+
+def _add_key_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster-key-file", metavar="F", help="file holding the cluster key")
+    p.add_argument("--insecure", action="store_true",
+                   help="run without a cluster key (trusted test networks only)")
+
+
+def _add_via(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--via", metavar="HOST:PORT", default=os.environ.get(ENV_PEER),
+                   help=f"any peer of the cluster (default ${ENV_PEER})")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait (default 10)")
+    _add_key_options(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agiledart",
+        description="A decentralized stream processing engine for edge networks.",
+    )
+    parser.add_argument("--version", action="version", version=f"agiledart {__version__}")
+    parser.add_argument("--log-level", default=os.environ.get("AGILEDART_LOG", "info"),
+                        choices=["debug", "info", "warning", "error"])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("peer", help="run a peer", description="Run one peer of the ring.")
+    p.add_argument("--listen", required=True, metavar="HOST:PORT",
+                   help="address for PORT/udp (overlay) and PORT/tcp (frames)")
+    p.add_argument("--bootstrap", action="append", default=[], metavar="HOST:PORT",
+                   help="a peer to join through (repeatable; host names are resolved)")
+    p.add_argument("--name", default="", help="this peer's name (default HOSTNAME:PORT)")
+    p.add_argument("--zone", default="default", help="scheduling zone (default 'default')")
+    p.add_argument("--advertise", metavar="HOST", help="address other peers should use")
+    p.add_argument("--state-dir", default="state", type=Path,
+                   help="where the node id and state live (default ./state)")
+    p.add_argument("--trace-dir", type=Path, help="write traces here")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="worker processes (default: number of cores)")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    _add_key_options(p)
+    p.set_defaults(func=_cmd_peer)
+
+    p = sub.add_parser("ring", help="show the peers a peer knows",
+                       description="Show the ring as one peer sees it.")
+    _add_via(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_ring)
+
+    p = sub.add_parser("route", help="trace the overlay route to a peer or key",
+                       description="Route a probe from the --via peer to the peer closest "
+                                   "to a key (or to a named peer) and print the path.")
+    p.add_argument("to", help="a peer name or a 40-hex-digit key")
+    _add_via(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_route)
+
+    p = sub.add_parser("keygen", help="make a cluster key",
+                       description="Write a new random cluster key (mode 0600).")
+    p.add_argument("--out", required=True, type=Path, help="file to create")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.set_defaults(func=_cmd_keygen)
+
+    from agiledart.emulate import add_parser as add_emulate
+
+    add_emulate(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except AgiledartError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _key(args: argparse.Namespace) -> Any:
+    from agiledart.overlay.auth import load_cluster_key
+
+    return load_cluster_key(args.cluster_key_file, insecure=args.insecure)
+
+
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    from agiledart.overlay.errors import ConfigError
+
+    path: Path = args.out
+    if path.exists() and not args.force:
+        msg = f"{path} exists; pass --force to overwrite it"
+        raise ConfigError(msg)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_hex(32) + "\n")
+    print(f"wrote a new cluster key to {path}; give every peer --cluster-key-file {path}")
     return 0
+
+
+def _cmd_peer(args: argparse.Namespace) -> int:
+    from agiledart.peer import Peer, PeerConfig, parse_address
+
+    config = PeerConfig(
+        listen=parse_address(args.listen),
+        bootstrap=[parse_address(b) for b in args.bootstrap],
+        name=args.name,
+        zone=args.zone,
+        state_dir=args.state_dir,
+        trace_dir=args.trace_dir,
+        workers=args.workers,
+        metrics_port=args.metrics_port,
+        advertise=args.advertise,
+    )
+    key = _key(args)
+    if key.insecure:
+        logging.getLogger("agiledart").warning("running with --insecure: frames can be forged")
+
+    async def run() -> None:
+        async with Peer(config, key) as peer:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, peer.stop)
+            print(f"peer {peer.name} listening on {peer.address[0]}:{peer.address[1]}",
+                  flush=True)
+            await peer.wait_stopped()
+
+    _run(run())
+    return 0
+
+
+def _run(coro: Any) -> Any:
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+async def call_peer(args: argparse.Namespace, rpc: str, body: dict[str, Any]) -> Any:
+    """One control RPC to the ``--via`` peer."""
+    from agiledart.overlay.errors import ConfigError
+    from agiledart.overlay.tcp import FrameClient
+    from agiledart.peer import parse_address
+
+    if not args.via:
+        msg = f"no peer to talk to: pass --via HOST:PORT or set ${ENV_PEER}"
+        raise ConfigError(msg)
+    host, port = parse_address(args.via)
+    client = await FrameClient.connect(host, port, key=_key(args), name="cli",
+                                       timeout=args.timeout)
+    async with client:
+        return await client.request(rpc, body, timeout=args.timeout)
+
+
+def _cmd_ring(args: argparse.Namespace) -> int:
+    info = _run(call_peer(args, "ring", {}))
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    leaf = set(info["leaf_set"])
+    table = Table(title=f"ring seen from {info['self']} ({info['node_id'][:8]}, "
+                        f"{info['address']}, zone {info['zone']})")
+    for col in ("name", "node id", "address", "rtt ms", "leaf set"):
+        table.add_column(col)
+    for p in info["peers"]:
+        rtt = "" if p["rtt_ms"] is None else f"{p['rtt_ms']:.1f}"
+        table.add_row(p["name"] or "?", p["node_id"][:8], p["address"], rtt,
+                      "yes" if (p["name"] or p["node_id"]) in leaf else "")
+    Console().print(table)
+    print(f"{len(info['peers'])} peers known, {len(leaf)} in the leaf set")
+    return 0
+
+
+def _cmd_route(args: argparse.Namespace) -> int:
+    result = _run(call_peer(args, "route", {"to": args.to}))
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"route to {result['key'][:8]}: {result['hops']} hops")
+    for i, hop in enumerate(result["path"]):
+        rtt = "" if hop["rtt_ms"] is None else f"  rtt {hop['rtt_ms']:.1f} ms"
+        print(f"  {i}. {hop['name'] or hop['node_id'][:8]:20} {hop['address']}{rtt}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""One agiledart peer: the overlay on PORT/udp and the frame server on PORT/tcp.
+
+A :class:`Peer` is an ``async with`` object owning one :class:`asyncio.TaskGroup`;
+the overlay node, the frame server with one task per connection, and the bootstrap
+retry loop are its children. ``agiledart peer`` runs one until SIGINT or SIGTERM.
+
+Control RPCs served over TCP frames (the CLI's and other peers' way in):
+
+``ring``   what this peer knows: itself, its contacts, its leaf set, counters
+``route``  route a probe toward a key or a peer's id and return the path it took
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agiledart.errors import AgiledartError
+from agiledart.overlay import ids
+from agiledart.overlay.auth import ClusterKey
+from agiledart.overlay.config import OverlayConfig
+from agiledart.overlay.errors import ConfigError
+from agiledart.overlay.node import Delivery, OverlayNode
+from agiledart.overlay.tcp import ConnectionInfo, FrameServer
+
+log = logging.getLogger(__name__)
+
+Address = tuple[str, int]
+
+__all__ = ["Peer", "PeerConfig", "parse_address"]
+
+
+def parse_address(text: str, *, default_port: int | None = None) -> Address:
+    """``HOST:PORT`` (or ``[v6]:PORT``) into a tuple, with a clear error."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = text, "" if default_port is None else str(default_port)
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        msg = f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:4000)"
+        raise ConfigError(msg)
+    return host, int(port)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeerConfig:
+    listen: Address
+    bootstrap: Sequence[Address] = ()
+    name: str = ""
+    zone: str = "default"
+    state_dir: Path = Path("state")
+    trace_dir: Path | None = None
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    metrics_port: int | None = None
+    advertise: str | None = None
+    overlay: OverlayConfig = field(default_factory=OverlayConfig)
+
+
+class Peer:
+    def __init__(self, config: PeerConfig, key: ClusterKey) -> None:
+        self.config = config
+        self.key = key
+        host, port = config.listen
+        self.name = config.name or f"{socket.gethostname()}:{port}"
+        self.node_id = ids.load_or_create_node_id(config.state_dir)
+        self.overlay = OverlayNode(
+            node_id=self.node_id, key=key, name=self.name, config=config.overlay
+        )
+        self.frames = FrameServer(key=key, name=self.name)
+        self.frames.route("ring", self._ring)
+        self.frames.route("route", self._route)
+        self.overlay.on_deliver("probe", _probe)
+        self._group: asyncio.TaskGroup | None = None
+        self._stopped = asyncio.Event()
+
+    async def __aenter__(self) -> Peer:
+        host, port = self.config.listen
+        self._group = asyncio.TaskGroup()
+        await self._group.__aenter__()
+        try:
+            await self.overlay.__aenter__()
+            try:
+                await self.overlay.listen_udp(host, port, advertise=self._advertised_host())
+            except OSError as exc:
+                msg = f"cannot listen on {host}:{port}/udp: {exc.strerror or exc}"
+                raise ConfigError(msg) from exc
+            port = self.overlay.address[1]
+            await self.frames.start(self._group, host, port)
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        self._group.create_task(self._join_loop())
+        log.info("peer %s (%s) listening on %s:%d", self.name, ids.short(self.node_id), host, port)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stopped.set()
+        await self.frames.aclose()
+        await self.overlay.__aexit__(None, None, None)
+        if self._group is not None:
+            await self._group.__aexit__(None, None, None)
+
+    @property
+    def address(self) -> Address:
+        return self.overlay.address
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    def _advertised_host(self) -> str:
+        host = self.config.listen[0]
+        if self.config.advertise:
+            return self.config.advertise
+        if host in ("0.0.0.0", "::", ""):
+            try:
+                return socket.gethostbyname(socket.gethostname())
+            except OSError:
+                return "127.0.0.1"
+        return host
+
+    async def _join_loop(self) -> None:
+        """Join through the bootstrap peers, retrying with back-off until one answers
+        (peers of a site start in any order)."""
+        if not self.config.bootstrap:
+            return
+        delay = 0.5
+        while not self._stopped.is_set():
+            addresses = await self._resolve(self.config.bootstrap)
+            known = await self.overlay.bootstrap(addresses) if addresses else 0
+            if known:
+                log.info("joined the ring: %d peers known", known)
+                return
+            log.warning("no bootstrap peer answered; retrying in %.1f s", delay)
+            try:
+                async with asyncio.timeout(delay):
+                    await self._stopped.wait()
+            except TimeoutError:
+                delay = min(delay * 2, 30.0)
+
+    async def _resolve(self, addresses: Sequence[Address]) -> list[Address]:
+        loop = asyncio.get_running_loop()
+        out = []
+        for host, port in addresses:
+            try:
+                infos = await loop.getaddrinfo(host, port, family=socket.AF_INET,
+                                               type=socket.SOCK_DGRAM)
+            except OSError as exc:
+                log.warning("cannot resolve bootstrap peer %s: %s", host, exc)
+                continue
+            out.append((str(infos[0][4][0]), port))
+        return out
+
+    # -- control RPCs ---------------------------------------------------------------------
+
+    def ring_info(self) -> dict[str, Any]:
+        node = self.overlay
+        leaf = node.leaf_set.members()
+        return {
+            "self": self.name,
+            "node_id": f"{self.node_id:040x}",
+            "address": f"{node.address[0]}:{node.address[1]}",
+            "zone": self.config.zone,
+            "peers": [
+                {
+                    "name": c.name,
+                    "node_id": f"{c.node_id:040x}",
+                    "address": f"{c.host}:{c.port}",
+                    "rtt_ms": None if c.rtt_ms is None else round(c.rtt_ms, 3),
+                    "capacity": c.capacity,
+                    "suspect": c.failures > 0,
+                }
+                for c in node.known_peers()
+            ],
+            "leaf_set": [c.name or f"{c.node_id:040x}" for c in leaf],
+            "stats": dict(node.stats),
+            "frames": dataclasses.asdict(self.frames.statistics()),
+        }
+
+    async def _ring(self, request: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:
+        return self.ring_info()
+
+    async def _route(self, request: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:
+        """Route a probe to a key (40 hex digits) or to the id of a named peer."""
+        target = request.get("to")
+        if not isinstance(target, str) or not target:
+            msg = "route needs 'to': a peer name or a 40-hex-digit key"
+            raise ConfigError(msg)
+        key = self._key_of(target)
+        result = await self.overlay.route(key, "probe", None)
+        return {
+            "key": f"{key:040x}",
+            "hops": result.hops,
+            "path": [
+                {"name": h.name, "node_id": f"{h.node_id:040x}",
+                 "address": f"{h.host}:{h.port}", "rtt_ms": h.rtt_ms, "capacity": h.capacity}
+                for h in result.path
+            ],
+        }
+
+    def _key_of(self, target: str) -> int:
+        if len(target) == 2 * ids.ID_BYTES:
+            try:
+                return int(target, 16)
+            except ValueError:
+                pass
+        if target == self.name:
+            return self.node_id
+        for c in self.overlay.known_peers():
+            if c.name == target:
+                return c.node_id
+        msg = f"no peer named {target!r} is known here (see `agiledart ring`)"
+        raise UnknownPeer(msg)
+
+
+class UnknownPeer(AgiledartError):
+    """A command named a peer this peer has not heard of."""
+
+
+def _probe(delivery: Delivery) -> int:
+    return len(delivery.path)

@@ -1,0 +1,60 @@
+"""Exceptions of the overlay.
+
+::
+
+    AgiledartError
+    └── OverlayError
+        ├── ConfigError            local misuse: no cluster key, bad address, bad id file
+        ├── RouteError             a route could not be completed (timeout, no live peer)
+        ├── PeerUnreachable        a peer did not answer an RPC or a connection attempt
+        └── BadMessage             remote misbehaviour: what a peer sent us is unusable
+            ├── AuthError          missing or wrong HMAC, or a failed session handshake
+            ├── ReplayError        a datagram we have already accepted, or one too old
+            ├── OversizeError      above the hard size limit of its decoder
+            └── MalformedError     undecodable, or decodable but of the wrong shape
+
+Every decoder turns bad input into exactly one :class:`BadMessage`; the drivers count
+it, log it at a bounded rate and drop it. Nothing a remote sends can raise anything else.
+"""
+
+from __future__ import annotations
+
+from agiledart.errors import AgiledartError
+
+
+class OverlayError(AgiledartError):
+    """Base class of overlay errors."""
+
+
+class ConfigError(OverlayError):
+    """The overlay was configured wrongly (a local mistake)."""
+
+
+class RouteError(OverlayError):
+    """A routed message was not delivered."""
+
+
+class PeerUnreachable(OverlayError):
+    """A peer did not answer."""
+
+
+class BadMessage(OverlayError):
+    """A remote sent something we refuse to act upon."""
+
+    reason = "bad"
+
+
+class AuthError(BadMessage):
+    reason = "auth"
+
+
+class ReplayError(BadMessage):
+    reason = "replay"
+
+
+class OversizeError(BadMessage):
+    reason = "oversize"
+
+
+class MalformedError(BadMessage):
+    reason = "malformed"

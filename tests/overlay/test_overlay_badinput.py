@@ -1,0 +1,139 @@
+"""Bad input at a live peer process: nothing unauthenticated is acted upon, nothing kills it."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import struct
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from support.processes import cli_json, poll
+
+from agiledart.emulate import LocalCluster
+from agiledart.overlay import codec, ids
+from agiledart.overlay.auth import ClusterKey, DatagramAuth
+from agiledart.overlay.errors import BadMessage
+
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
+
+
+def ring(cluster: LocalCluster, i: int = 0) -> dict[str, Any]:
+    return cli_json(cluster, "ring", "--via", "{}:{}".format(*cluster.address(i)))
+
+
+def exchange(sock: socket.socket, data: bytes, addr: tuple[str, int], *, wait: float) -> Any:
+    """Send a request; the peer's reply to it (by message id), or None if none came."""
+    auth = DatagramAuth(KEY_OF[addr])
+    sent = codec.decode_rpc(auth.open(data), max_len=9000) if addr in KEY_OF else None
+    sock.sendto(data, addr)
+    deadline = time.monotonic() + wait
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            raw = sock.recv(9000)
+        except TimeoutError:
+            return None
+        try:
+            msg = codec.decode_rpc(auth.open(raw), max_len=9000)
+        except BadMessage:
+            continue
+        if isinstance(msg, codec.Response) and sent is not None and msg.msg_id == sent.msg_id:
+            return msg.result
+    return None
+
+
+KEY_OF: dict[tuple[str, int], ClusterKey] = {}
+
+
+def test_garbage_forged_and_replayed_datagrams(
+    cluster_factory: Callable[[int], LocalCluster],
+) -> None:
+    cluster = cluster_factory(3)
+    asyncio.run(cluster.wait_formed())
+    target = cluster.address(0)
+    before = ring(cluster)
+    rng = random.Random(7)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    try:
+        # 10,000 random datagrams, in bursts the socket buffer can take
+        for _ in range(1000):  # paced so the kernel's socket buffer drops none
+            for _ in range(10):
+                size = rng.choice([1, 17, 49, 50, 200, 1400, 8000, 8191, 8193, 9000])
+                sock.sendto(rng.randbytes(size), target)
+            time.sleep(0.002)
+        me = ids.to_bytes(ids.random_id(rng))
+        KEY_OF[target] = cluster.key
+        auth = DatagramAuth(cluster.key)
+        # forged: well-formed, sealed under another cluster's key
+        other = DatagramAuth(ClusterKey.from_material("some-other-cluster-key-123456"))
+        for _ in range(50):
+            sock.sendto(other.seal(codec.encode_request(rng.randbytes(8), "ping", [me, "x"])),
+                        target)
+        # authentic, but an RPC that is not ours, or arguments of the wrong shape
+        for name, args in [("store", [me, b"k", b"v"]), ("__init__", []),
+                           ("ping", [b"short-id"]), ("route", [me, [1, 2], None])]:
+            bad = auth.seal(codec.encode_request(rng.randbytes(8), name, args))
+            assert exchange(sock, bad, target, wait=0.5) is None
+        # authentic and fresh: answered once; the same bytes again are a replay
+        ping = auth.seal(codec.encode_request(rng.randbytes(8), "ping", [me, "tester"]))
+        assert exchange(sock, ping, target, wait=5) is not None
+        assert exchange(sock, ping, target, wait=1) is None
+    finally:
+        sock.close()
+
+    def counted() -> dict[str, Any] | None:
+        info = ring(cluster)
+        stats = info["stats"]
+        total = sum(v for k, v in stats.items() if k.startswith("rejected_"))
+        return info if total >= 10_000 + 50 + 4 + 1 else None
+
+    after = poll(counted, what="every bad datagram to be counted as rejected")
+    stats = after["stats"]
+    assert stats.get("rejected_replay", 0) >= 1
+    assert stats.get("rejected_auth", 0) >= 50
+    assert stats.get("rejected_malformed", 0) >= 4
+    assert "task_errors" not in stats
+    # nothing unauthenticated was acted upon: the only new contact is the one
+    # authentic ping, and the peer still routes
+    new = {p["node_id"] for p in after["peers"]} - {p["node_id"] for p in before["peers"]}
+    assert new <= {me.hex()}
+    route = cli_json(cluster, "route", cluster.name(2), "--via", "{}:{}".format(*target))
+    assert route["path"][-1]["name"] == cluster.name(2)
+
+
+def test_garbage_truncated_and_oversized_frames(
+    cluster_factory: Callable[[int], LocalCluster],
+) -> None:
+    cluster = cluster_factory(2)
+    asyncio.run(cluster.wait_formed())
+    target = cluster.address(0)
+    rng = random.Random(8)
+    attacks = [
+        lambda: rng.randbytes(rng.randrange(1, 3000)),  # garbage
+        lambda: struct.pack(">I", 0xFFFFFFF0) + b"x" * 10,  # huge length prefix
+        lambda: struct.pack(">I", 4096) + rng.randbytes(100),  # truncated frame
+        lambda: struct.pack(">I", 40) + rng.randbytes(40),  # a bogus handshake
+    ]
+    for i in range(400):
+        with socket.create_connection(target, timeout=5) as conn:
+            conn.sendall(attacks[i % len(attacks)]())
+            conn.shutdown(socket.SHUT_WR)
+            try:
+                while conn.recv(4096):
+                    pass
+            except (TimeoutError, ConnectionResetError):
+                pass
+
+    def rejected() -> dict[str, Any] | None:
+        info = ring(cluster)
+        return info if sum(info["frames"]["rejected"].values()) >= 300 else None
+
+    info = poll(rejected, what="bad TCP connections to be counted")
+    assert info["self"] == cluster.name(0)
+    route = cli_json(cluster, "route", cluster.name(1), "--via", "{}:{}".format(*target))
+    assert route["path"][-1]["name"] == cluster.name(1)

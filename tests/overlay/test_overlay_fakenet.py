@@ -1,0 +1,133 @@
+"""Hundreds of peers on the seeded fake network, in virtual time, through the real
+protocol code (authenticated datagrams, lookups, leaf sets, heartbeats)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agiledart.overlay.config import OverlayConfig
+from agiledart.overlay.fakenet import run_virtual
+from agiledart.overlay.leafset import Membership, MembershipEvent
+from agiledart.overlay.simulation import RouteOutcome, SimulatedRing
+
+N = 500
+
+
+def check_paths(ring: SimulatedRing, outcomes: list[RouteOutcome]) -> None:
+    """Every route ends at the true closest live peer, along a path whose XOR distance
+    to the key falls at every hop, with a plausible record of each hop."""
+    live = {n.node_id: n for n in ring.live()}
+    for o in outcomes:
+        assert o.delivered, f"route to {o.key:040x} ended at the wrong peer or not at all"
+        assert o.result is not None
+        path = o.result.path
+        distances = [h.node_id ^ o.key for h in path]
+        assert distances == sorted(distances, reverse=True)
+        assert len(set(distances)) == len(distances)
+        for hop in path:
+            node = live[hop.node_id]
+            assert (hop.host, hop.port) == node.address
+            assert hop.name == node.name
+        assert all(h.rtt_ms is not None and h.rtt_ms > 0 for h in path[1:])
+
+
+def test_routes_to_random_keys_and_peer_ids_arrive_with_their_path() -> None:
+    async def main() -> None:
+        async with SimulatedRing(n=N, seed=11) as ring:
+            await ring.stabilize()
+            outcomes = await ring.route_many(300)
+            outcomes += await ring.route_many(200, to_peer_ids=True)
+            check_paths(ring, outcomes)
+            to_ids = outcomes[300:]
+            # routing to a live peer's own id ends at that very peer
+            assert all(o.result and o.result.destination.node_id == o.key for o in to_ids)
+            mean_hops = sum(o.hops for o in outcomes) / len(outcomes)
+            assert mean_hops < 4
+
+    run_virtual(main())
+
+
+def test_routes_arrive_after_ten_percent_of_peers_die() -> None:
+    config = OverlayConfig(heartbeat_interval_s=1.0, misses_to_dead=3)
+
+    async def main() -> None:
+        async with SimulatedRing(n=N, seed=12, config=config) as ring:
+            await ring.stabilize()
+            events: list[MembershipEvent] = []
+            for node in ring.nodes:
+                node.subscribe(events.append)
+            victims = ring.rng.sample(ring.nodes, N // 10)
+            ring.kill(victims)
+            await ring.settle(6 * config.heartbeat_interval_s)
+            dead_ids = {v.node_id for v in victims}
+            # the leaf sets noticed: no live peer keeps a dead one as a neighbour
+            for node in ring.live():
+                assert not (node.leaf_set.ids() & dead_ids)
+            reported = {e.contact.node_id for e in events if e.kind is Membership.DEAD}
+            assert reported <= dead_ids
+            assert len(reported) >= 0.9 * len(dead_ids)
+            outcomes = await ring.route_many(300)
+            check_paths(ring, outcomes)
+            assert all(not (set(h.node_id for h in o.result.path) & dead_ids)
+                       for o in outcomes if o.result)
+
+    run_virtual(main())
+
+
+def test_one_dead_next_hop_never_loses_a_route() -> None:
+    """Kill peers without giving the detector time: routes fail over hop by hop."""
+
+    async def main() -> None:
+        async with SimulatedRing(n=300, seed=13) as ring:
+            await ring.stabilize()
+            ring.kill(ring.rng.sample(ring.nodes, 15))
+            outcomes = await ring.route_many(200)
+            check_paths(ring, outcomes)
+            assert sum(n.stats["route_hop_failures"] for n in ring.live()) > 0
+
+    run_virtual(main())
+
+
+def test_a_partition_heals() -> None:
+    config = OverlayConfig(heartbeat_interval_s=1.0, graveyard_probe_interval_s=1.0)
+
+    async def main() -> None:
+        async with SimulatedRing(n=300, seed=14, config=config) as ring:
+            await ring.stabilize()
+            half = len(ring.nodes) // 2
+            side_a = [n.address for n in ring.nodes[:half]]
+            side_b = [n.address for n in ring.nodes[half:]]
+            ring.net.partition([side_a, side_b])
+            await ring.settle(8)
+            # each side has given up on the other
+            a_ids = {n.node_id for n in ring.nodes[:half]}
+            crossing = sum(1 for n in ring.nodes[half:] for m in n.leaf_set.ids() if m in a_ids)
+            assert crossing == 0
+            ring.net.heal()
+            await ring.settle(30)
+            await ring.stabilize()
+            outcomes = await ring.route_many(300)
+            check_paths(ring, outcomes)
+
+    run_virtual(main())
+
+
+def test_routes_survive_a_lossy_duplicating_network() -> None:
+    async def main() -> None:
+        async with SimulatedRing(n=200, seed=15, loss=0.02, duplicate=0.02) as ring:
+            await ring.stabilize()
+            await ring.settle(3)
+            outcomes = await ring.route_many(200)
+            assert sum(o.delivered for o in outcomes) == len(outcomes)
+            assert asyncio.get_running_loop().time() > 0
+
+    run_virtual(main())
+
+
+def test_same_seed_same_run() -> None:
+    async def once() -> list[tuple[int, int]]:
+        async with SimulatedRing(n=80, seed=16) as ring:
+            outcomes = await ring.route_many(50)
+            return [(o.key, o.hops) for o in outcomes]
+
+    assert run_virtual(once()) == run_virtual(once())

@@ -1,0 +1,82 @@
+"""Real `agiledart peer` processes on loopback, driven through the real CLI."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+from support.processes import cli, cli_json, poll
+
+from agiledart.emulate import LocalCluster
+
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
+
+N = 12
+
+
+def via(cluster: LocalCluster, i: int) -> list[str]:
+    return ["--via", "{}:{}".format(*cluster.address(i))]
+
+
+def test_ring_routes_and_a_killed_peer(cluster_factory: Callable[[int], LocalCluster]) -> None:
+    cluster = cluster_factory(N)
+    names = {cluster.name(i) for i in range(N)}
+
+    def ring_complete() -> dict[str, object] | None:
+        info = cli_json(cluster, "ring", *via(cluster, 3))
+        return info if {p["name"] for p in info["peers"]} | {info["self"]} == names else None
+
+    info = poll(ring_complete, what="`agiledart ring` to show all 12 peers")
+    assert info["self"] == cluster.name(3)
+    ids = {p["name"]: p["node_id"] for p in info["peers"]}
+    assert len(info["leaf_set"]) == 8
+    asyncio.run(cluster.wait_formed())
+
+    sink = cluster.name(N - 1)
+    for i in range(N):
+        route = cli_json(cluster, "route", sink, *via(cluster, i))
+        path = [h["name"] for h in route["path"]]
+        assert path[0] == cluster.name(i)
+        assert path[-1] == sink, f"JOIN from {cluster.name(i)} ended at {path[-1]}"
+        assert len(path) == len(set(path)) <= 4  # loop-free and short
+        assert route["key"] == ids.get(sink, route["key"])
+        assert all(h["rtt_ms"] is not None and h["rtt_ms"] >= 0 for h in route["path"][1:])
+
+    # kill -9 one peer in the middle; its leaf-set neighbours must drop it
+    victim = 5
+    victim_name = cluster.name(victim)
+    neighbours = [i for i in range(N) if i != victim and victim_name in (
+        cli_json(cluster, "ring", *via(cluster, i))["leaf_set"])]
+    assert neighbours
+    cluster.kill(victim)
+
+    def dropped_everywhere() -> bool:
+        return all(victim_name not in cli_json(cluster, "ring", *via(cluster, i))["leaf_set"]
+                   for i in neighbours)
+
+    poll(dropped_everywhere, what=f"leaf-set neighbours to drop {victim_name}")
+    for i in range(N):
+        if i == victim:
+            continue
+        route = cli_json(cluster, "route", sink, *via(cluster, i))
+        path = [h["name"] for h in route["path"]]
+        assert victim_name not in path
+        assert path[-1] == sink
+    # the dead peer's own id now lands on a live peer
+    route = cli_json(cluster, "route", ids[victim_name], *via(cluster, 0))
+    assert route["path"][-1]["name"] != victim_name
+
+
+def test_cli_errors_are_clear(cluster_factory: Callable[[int], LocalCluster]) -> None:
+    cluster = cluster_factory(2)
+    asyncio.run(cluster.wait_formed())
+    proc = cli(cluster, "route", "no-such-peer", *via(cluster, 0), check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("Error: ") and "no-such-peer" in proc.stderr
+    proc = cli(cluster, "ring", "--via", "127.0.0.1:1", "--timeout", "2", check=False)
+    assert proc.returncode == 1 and "Error: " in proc.stderr
+    proc = cli(cluster, "ring", "--via", "nonsense", check=False)
+    assert proc.returncode == 1 and "HOST:PORT" in proc.stderr
+    proc = cli(cluster, "ring", "--bogus-flag", check=False)
+    assert proc.returncode == 2

@@ -1,0 +1,77 @@
+"""Helpers for tests that start real peer processes on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from agiledart.emulate import LocalCluster
+
+
+def free_port() -> int:
+    """A port free for both UDP and TCP on 127.0.0.2 .. (checked on 127.0.0.1)."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+                u.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port")
+
+
+def cli(cluster: LocalCluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    assert cluster.workdir is not None
+    cmd = [sys.executable, "-m", "agiledart.cli", "--log-level", "warning", *args,
+           "--cluster-key-file", str(cluster.workdir / "cluster.key")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "AGILEDART_PEER": ""})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{cmd} exited {proc.returncode}: {proc.stderr}")
+    return proc
+
+
+def cli_json(cluster: LocalCluster, *args: str) -> Any:
+    return json.loads(cli(cluster, *args, "--json").stdout)
+
+
+def poll(condition: Callable[[], Any], *, what: str, timeout: float = 60.0) -> Any:
+    """Wait for ``condition()`` to be truthy; fail naming ``what`` (never a timed assert:
+    the bound only keeps a broken build from hanging)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for: {what}")
+        time.sleep(0.3)
+
+
+@contextlib.contextmanager
+def clusters(tmp_path: Path) -> Iterator[Callable[[int], LocalCluster]]:
+    """Make clusters that are all torn down, every process reaped, at the end."""
+    made: list[LocalCluster] = []
+
+    def make(n: int) -> LocalCluster:
+        cluster = LocalCluster(n, port=free_port(), workdir=tmp_path / f"c{len(made)}")
+        cluster.workdir.mkdir(parents=True)  # type: ignore[union-attr]
+        made.append(cluster)
+        return cluster.__enter__()
+
+    yield make
+    for cluster in made:
+        cluster.__exit__()
+        for proc in cluster.procs:
+            assert proc.poll() is not None
