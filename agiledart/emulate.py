@@ -40,13 +40,18 @@ PORT = 4700
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
-        "emulate", help="run a local cluster of peers and show it live",
+        "emulate",
+        help="run a local cluster of peers and show it live",
         description="Start N peer processes on 127.0.0.x, show the ring and the routes "
-                    "JOIN messages take through it, and print a summary.",
+        "JOIN messages take through it, and print a summary.",
     )
     p.add_argument("--peers", type=int, default=8, help="peer processes (default 8)")
-    p.add_argument("--duration", type=float, default=10.0,
-                   help="seconds to run once the ring has formed (default 10)")
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=10.0,
+        help="seconds to run once the ring has formed (default 10)",
+    )
     p.add_argument("--app", help="application spec (runs once applications land)")
     p.add_argument("--links", help="link model JSON (delay/loss per pair)")
     p.add_argument("--trace-dir", type=Path, help="keep peer traces here")
@@ -98,16 +103,28 @@ class LocalCluster:
         assert self.workdir is not None
         host, port = self.address(i)
         cmd = [
-            sys.executable, "-m", "agiledart.cli", "--log-level", "warning", "peer",
-            "--listen", f"{host}:{port}", "--name", self.name(i),
-            "--state-dir", str(self.workdir / self.name(i)),
-            "--cluster-key-file", str(self.workdir / "cluster.key"), *self.extra_args,
+            sys.executable,
+            "-m",
+            "agiledart.cli",
+            "--log-level",
+            "warning",
+            "peer",
+            "--listen",
+            f"{host}:{port}",
+            "--name",
+            self.name(i),
+            "--state-dir",
+            str(self.workdir / self.name(i)),
+            "--cluster-key-file",
+            str(self.workdir / "cluster.key"),
+            *self.extra_args,
         ]
         if i > 0:
             cmd += ["--bootstrap", "{}:{}".format(*self.address(0))]
         with (self.workdir / f"{self.name(i)}.log").open("ab") as log:
-            return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            return subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def __exit__(self, *exc: object) -> None:
         for proc in self.procs:
@@ -132,8 +149,9 @@ class LocalCluster:
 
     async def request(self, i: int, rpc: str, body: dict[str, Any], timeout: float = 5.0) -> Any:
         host, port = self.address(i)
-        client = await FrameClient.connect(host, port, key=self.key, name="emulate",
-                                           timeout=timeout)
+        client = await FrameClient.connect(
+            host, port, key=self.key, name="emulate", timeout=timeout
+        )
         async with client:
             return await client.request(rpc, body, timeout=timeout)
 
@@ -150,21 +168,29 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         while True:
             rings = await asyncio.gather(*(self.ring(i) for i in range(self.peers)))
-            if all(r is not None and {p["name"] for p in r["peers"]} | {r["self"]} >= want
-                   for r in rings):
+            if all(
+                r is not None and {p["name"] for p in r["peers"]} | {r["self"]} >= want
+                for r in rings
+            ):
                 return [r for r in rings if r is not None]
             if time.monotonic() > deadline:
                 dead = [self.name(i) for i, p in enumerate(self.procs) if p.poll() is not None]
                 msg = f"the ring did not form within {timeout:.0f} s" + (
-                    f" (exited: {', '.join(dead)})" if dead else "")
+                    f" (exited: {', '.join(dead)})" if dead else ""
+                )
                 raise AgiledartError(msg)
             await asyncio.sleep(0.3)
 
 
 def _cmd_emulate(args: argparse.Namespace) -> int:
+    if args.links or args.trace_dir:
+        print("note: --links and --trace-dir take effect once applications land", file=sys.stderr)
     if args.app:
-        print("note: applications run on the ring once they land; showing the ring and "
-              "JOIN routes only", file=sys.stderr)
+        print(
+            "note: applications run on the ring once they land; showing the ring and "
+            "JOIN routes only",
+            file=sys.stderr,
+        )
     console = Console(stderr=args.json)
     with LocalCluster(args.peers, port=args.port) as cluster:
         summary = asyncio.run(_emulate(cluster, args.duration, console))
@@ -217,8 +243,13 @@ async def _emulate(cluster: LocalCluster, duration: float, console: Console) -> 
     }
 
 
-def _view(cluster: LocalCluster, rings: list[dict[str, Any] | None],
-          last: dict[str, dict[str, Any]], sink: str, left: float) -> Group:
+def _view(
+    cluster: LocalCluster,
+    rings: list[dict[str, Any] | None],
+    last: dict[str, dict[str, Any]],
+    sink: str,
+    left: float,
+) -> Group:
     peers = Table(title=f"ring ({max(0.0, left):.0f} s left)")
     for col in ("peer", "address", "node id", "knows", "leaf set"):
         peers.add_column(col)
@@ -226,8 +257,13 @@ def _view(cluster: LocalCluster, rings: list[dict[str, Any] | None],
         if r is None:
             peers.add_row(cluster.name(i), "{}:{}".format(*cluster.address(i)), "-", "down", "")
             continue
-        peers.add_row(r["self"], r["address"], r["node_id"][:8], str(len(r["peers"])),
-                      ", ".join(r["leaf_set"][:4]) + (" ..." if len(r["leaf_set"]) > 4 else ""))
+        peers.add_row(
+            r["self"],
+            r["address"],
+            r["node_id"][:8],
+            str(len(r["peers"])),
+            ", ".join(r["leaf_set"][:4]) + (" ..." if len(r["leaf_set"]) > 4 else ""),
+        )
     paths = Table(title=f"JOIN routes toward {sink}")
     paths.add_column("from")
     paths.add_column("hops")

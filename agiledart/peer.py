@@ -67,7 +67,7 @@ class Peer:
     def __init__(self, config: PeerConfig, key: ClusterKey) -> None:
         self.config = config
         self.key = key
-        host, port = config.listen
+        _host, port = config.listen
         self.name = config.name or f"{socket.gethostname()}:{port}"
         self.node_id = ids.load_or_create_node_id(config.state_dir)
         self.overlay = OverlayNode(
@@ -152,8 +152,9 @@ class Peer:
         out = []
         for host, port in addresses:
             try:
-                infos = await loop.getaddrinfo(host, port, family=socket.AF_INET,
-                                               type=socket.SOCK_DGRAM)
+                infos = await loop.getaddrinfo(
+                    host, port, family=socket.AF_INET, type=socket.SOCK_DGRAM
+                )
             except OSError as exc:
                 log.warning("cannot resolve bootstrap peer %s: %s", host, exc)
                 continue
@@ -201,8 +202,13 @@ class Peer:
             "key": f"{key:040x}",
             "hops": result.hops,
             "path": [
-                {"name": h.name, "node_id": f"{h.node_id:040x}",
-                 "address": f"{h.host}:{h.port}", "rtt_ms": h.rtt_ms, "capacity": h.capacity}
+                {
+                    "name": h.name,
+                    "node_id": f"{h.node_id:040x}",
+                    "address": f"{h.host}:{h.port}",
+                    "rtt_ms": h.rtt_ms,
+                    "capacity": h.capacity,
+                }
                 for h in result.path
             ],
         }

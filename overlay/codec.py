@@ -43,7 +43,7 @@ def unpack(data: bytes, *, max_len: int) -> Any:
 
 
 def pack(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)  # type: ignore[no-any-return]
+    return msgpack.packb(value, use_bin_type=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +70,17 @@ def encode_response(msg_id: bytes, result: Any) -> bytes:
 def decode_rpc(payload: bytes, *, max_len: int) -> Request | Response:
     value = unpack(payload, max_len=max_len)
     if not isinstance(value, list) or not value:
-        raise MalformedError("an RPC message is a non-empty array")
+        msg = "an RPC message is a non-empty array"
+        raise MalformedError(msg)
     kind = value[0]
     if len(value) >= 2 and not (isinstance(value[1], bytes) and len(value[1]) == MSG_ID_BYTES):
-        raise MalformedError("bad RPC message id")
+        msg = "bad RPC message id"
+        raise MalformedError(msg)
     if kind == REQUEST and len(value) == 4:
         _, msg_id, name, args = value
         if isinstance(name, str) and isinstance(args, list):
             return Request(msg_id, name, args)
     elif kind == RESPONSE and len(value) == 3:
         return Response(value[1], value[2])
-    raise MalformedError("an RPC message is [0, id, name, args] or [1, id, result]")
+    msg = "an RPC message is [0, id, name, args] or [1, id, result]"
+    raise MalformedError(msg)

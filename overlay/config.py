@@ -19,7 +19,7 @@ class OverlayConfig:
     route_timeout_s: float = 10.0  #: the origin's wait for a delivery report
     route_attempts: int = 6  #: forwarding attempts per peer before delivering locally
     max_hops: int = 32
-    proximity_slack_bits: int = 1  #: prefix bits traded for lower RTT / spare capacity
+    proximity_slack_bits: int = 0  #: prefix bits traded for lower RTT / spare capacity
     contact_max_failures: int = 3  #: consecutive failures before a contact is dropped
     refresh_interval_s: float = 60.0
     graveyard_size: int = 256  #: recently dead peers remembered for reconnection

@@ -37,7 +37,8 @@ class Hop:
     @classmethod
     def from_wire(cls, raw: object) -> Hop:
         if not isinstance(raw, list) or len(raw) != 6:
-            raise MalformedError("a hop is [id, host, port, name, rtt, capacity]")
+            msg = "a hop is [id, host, port, name, rtt, capacity]"
+            raise MalformedError(msg)
         nid, host, port, name, rtt, cap = raw
         ok = (
             isinstance(nid, bytes)
@@ -52,7 +53,8 @@ class Hop:
             and isinstance(cap, int | float)
         )
         if not ok:
-            raise MalformedError("bad hop in a routed message")
+            msg = "bad hop in a routed message"
+            raise MalformedError(msg)
         return cls(from_bytes(nid), host, port, name, None if rtt is None else float(rtt), cap)
 
 
@@ -83,18 +85,24 @@ class Envelope:
     @classmethod
     def from_wire(cls, raw: object) -> Envelope:
         if not isinstance(raw, list) or len(raw) != 7:
-            raise MalformedError("a routed message has 7 fields")
+            msg = "a routed message has 7 fields"
+            raise MalformedError(msg)
         msg_id, key, kind, payload, origin, path, ttl = raw
         if not (isinstance(msg_id, bytes) and len(msg_id) == 8):
-            raise MalformedError("bad routed message id")
+            msg = "bad routed message id"
+            raise MalformedError(msg)
         if not (isinstance(key, bytes) and len(key) == ID_BYTES):
-            raise MalformedError("bad routing key")
+            msg = "bad routing key"
+            raise MalformedError(msg)
         if not (isinstance(kind, str) and 0 < len(kind) <= 32):
-            raise MalformedError("bad routed message kind")
+            msg = "bad routed message kind"
+            raise MalformedError(msg)
         if not (isinstance(path, list) and len(path) <= MAX_PATH):
-            raise MalformedError("bad or overlong path")
+            msg = "bad or overlong path"
+            raise MalformedError(msg)
         if not (isinstance(ttl, int) and 0 <= ttl <= MAX_PATH):
-            raise MalformedError("bad ttl")
+            msg = "bad ttl"
+            raise MalformedError(msg)
         hops = tuple(Hop.from_wire(h) for h in path)
         return cls(msg_id, from_bytes(key), kind, payload, Hop.from_wire(origin), hops, ttl)
 

@@ -79,7 +79,12 @@ class LinkModel:
         overrides: dict[tuple[Address, Address], tuple[float, float]] | None = None,
     ) -> None:
         self._seed = seed
-        self.base_ms, self.spread_ms, self.jitter_ms, self.loss = base_ms, spread_ms, jitter_ms, loss
+        self.base_ms, self.spread_ms, self.jitter_ms, self.loss = (
+            base_ms,
+            spread_ms,
+            jitter_ms,
+            loss,
+        )
         self._points: dict[Address, tuple[float, float]] = {}
         self.overrides = overrides or {}
 
@@ -95,8 +100,10 @@ class LinkModel:
         if fixed is not None:
             return fixed[0]
         (x1, y1), (x2, y2) = self.point(src), self.point(dst)
-        return self.base_ms + self.spread_ms * math.hypot(x1 - x2, y1 - y2) + (
-            rng.random() * self.jitter_ms
+        return (
+            self.base_ms
+            + self.spread_ms * math.hypot(x1 - x2, y1 - y2)
+            + (rng.random() * self.jitter_ms)
         )
 
     def loss_rate(self, src: Address, dst: Address) -> float:

@@ -19,6 +19,8 @@ __all__ = ["Lookup"]
 
 
 class _NodeHeap(NodeHeap):  # type: ignore[misc]
+    heap: list[tuple[int, Node]]
+
     def __init__(self, node: Node, maxsize: int) -> None:
         super().__init__(node, maxsize)
         self._ids: set[bytes] = set()
@@ -34,7 +36,8 @@ class _NodeHeap(NodeHeap):  # type: ignore[misc]
     def remove(self, peers: Any) -> None:
         gone = set(peers)
         if gone:
-            self.heap = [(d, n) for d, n in self.heap if n.id not in gone]
+            kept: list[tuple[int, Node]] = [(d, n) for d, n in self.heap if n.id not in gone]
+            self.heap = kept
             heapq.heapify(self.heap)
             self._ids -= gone
 
@@ -43,7 +46,7 @@ class _NodeHeap(NodeHeap):  # type: ignore[misc]
 
 
 class Lookup(NodeSpiderCrawl):  # type: ignore[misc]
-    """Find the k nodes closest to ``node``: ``await Lookup(protocol, node, seeds, k, a).find()``."""
+    """The k nodes closest to ``node``: ``await Lookup(protocol, node, seeds, k, a).find()``."""
 
     def __init__(self, protocol: Any, node: Node, peers: list[Node], ksize: int, alpha: int):
         super().__init__(protocol, node, [], ksize, alpha)

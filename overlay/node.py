@@ -34,8 +34,8 @@ from .config import OverlayConfig
 from .envelope import Envelope, Hop, RouteResult
 from .errors import BadMessage, MalformedError, ReplayError, RouteError
 from .failure import FailureDetector, Health
-from .lookup import Lookup
 from .leafset import LeafSet, Membership, MembershipEvent
+from .lookup import Lookup
 from .protocol import Address, OverlayProtocol, check_contact
 from .routing import Contact, next_hops
 from .table import Node, make_node
@@ -90,6 +90,7 @@ class OverlayNode:
         self._pending: dict[bytes, asyncio.Future[RouteResult]] = {}
         self._seen_routes: OrderedDict[bytes, None] = OrderedDict()
         self._verifying: set[int] = set()
+        self._joining = False
         self._bootstrap: list[Address] = []
         self._last_log: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -125,8 +126,10 @@ class OverlayNode:
 
     async def listen_udp(self, host: str, port: int, *, advertise: str | None = None) -> None:
         loop = asyncio.get_running_loop()
-        await loop.create_datagram_endpoint(lambda: self.protocol, local_addr=(host, port))
-        sock = self.protocol.transport.get_extra_info("sockname")
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: self.protocol, local_addr=(host, port)
+        )
+        sock = transport.get_extra_info("sockname")
         self.address = (advertise or host, sock[1])
 
     def attach(self, transport: asyncio.DatagramTransport, address: Address) -> None:
@@ -230,7 +233,11 @@ class OverlayNode:
             grave = graveyard.get(nid)
             if grave is not None and now - grave[1] < ttl:
                 continue
-            if len(self.leaf_set) == self.leaf_set.size and self.leaf_set.would_accept(nid):
+            if (
+                not self._joining
+                and len(self.leaf_set) == self.leaf_set.size
+                and self.leaf_set.would_accept(nid)
+            ):
                 # one that would push out a current neighbour is verified first: a stale
                 # leaf set elsewhere must not plant a dead peer among ours
                 if nid not in self._verifying:
@@ -329,12 +336,13 @@ class OverlayNode:
         """Ping an address; the peer's id if it answered."""
         t0 = asyncio.get_running_loop().time()
         ok, res = await self.protocol.call(addr, "ping", ids.to_bytes(self.node_id), self.name)
+        if not ok:
+            return None
         try:
-            raw, cap, name = res if ok else (None, None, None)
+            raw, cap, name = res
             nid = ids.from_bytes(raw)
         except (TypeError, ValueError):
-            if ok:
-                self.reject(MalformedError("bad ping response"), addr)
+            self.reject(MalformedError("bad ping response"), addr)
             return None
         contact = self._welcome(nid, addr[0], addr[1], name if isinstance(name, str) else None)
         contact.observe_rtt((asyncio.get_running_loop().time() - t0) * 1000)
@@ -346,6 +354,13 @@ class OverlayNode:
     async def bootstrap(self, addresses: Iterable[Address]) -> int:
         """Join through any of ``addresses``; returns how many peers we know afterwards."""
         self._bootstrap = list(addresses)
+        self._joining = True  # the lookups' fresh answers build our neighbourhood
+        try:
+            return await self._join()
+        finally:
+            self._joining = False
+
+    async def _join(self) -> int:
         answers = await asyncio.gather(*(self.ping(a) for a in self._bootstrap))
         seeds = [self.router_node(n) for n in answers if n is not None]
         if seeds:
@@ -409,7 +424,8 @@ class OverlayNode:
         try:
             raw, cap, name, members = res
             if ids.from_bytes(raw) != nid:
-                raise MalformedError("heartbeat answered by another id")
+                msg = "heartbeat answered by another id"
+                raise MalformedError(msg)
             learned = [check_contact(m) for m in members[: 4 * self.config.leaf_set_size]]
         except (BadMessage, TypeError, ValueError):
             self.reject(MalformedError("bad heartbeat response"), contact.address)
@@ -460,8 +476,14 @@ class OverlayNode:
         self._handlers[kind] = handler
 
     def _self_hop(self, rtt_ms: float | None) -> Hop:
-        return Hop(self.node_id, self.address[0], self.address[1], self.name, rtt_ms,
-                   float(self.capacity()))
+        return Hop(
+            self.node_id,
+            self.address[0],
+            self.address[1],
+            self.name,
+            rtt_ms,
+            float(self.capacity()),
+        )
 
     async def route(
         self, key: int, kind: str, payload: Any = None, *, timeout: float | None = None
@@ -576,7 +598,9 @@ class OverlayNode:
             return
         for _ in range(3):
             ok, _ = await self.protocol.call(
-                (env.origin.host, env.origin.port), "route_done", ids.to_bytes(self.node_id),
+                (env.origin.host, env.origin.port),
+                "route_done",
+                ids.to_bytes(self.node_id),
                 report,
             )
             if ok:
@@ -584,7 +608,8 @@ class OverlayNode:
 
     def route_done(self, report: object) -> None:
         if not (isinstance(report, list) and len(report) == 5 and isinstance(report[2], list)):
-            raise MalformedError("bad route report")
+            msg = "bad route report"
+            raise MalformedError(msg)
         msg_id, key, path, result, error = report
         fut = self._pending.get(msg_id) if isinstance(msg_id, bytes) else None
         if fut is None or fut.done():

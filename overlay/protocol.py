@@ -35,26 +35,31 @@ RPCS = frozenset({"ping", "find_node", "heartbeat", "route", "route_done"})
 Address = tuple[str, int]
 Reply = tuple[bool, Any]
 
-__all__ = ["RPCS", "OverlayProtocol", "check_id", "check_contact"]
+__all__ = ["RPCS", "OverlayProtocol", "check_contact", "check_id"]
 
 
 def check_id(raw: object) -> bytes:
     if not isinstance(raw, bytes) or len(raw) != ID_BYTES:
-        raise MalformedError("a node id is 20 bytes")
+        msg = "a node id is 20 bytes"
+        raise MalformedError(msg)
     return raw
 
 
 def check_contact(raw: object) -> tuple[bytes, str, int, str]:
     """``[id, host, port, name]`` from the wire, or :class:`MalformedError`."""
     if not isinstance(raw, list | tuple) or len(raw) != 4:
-        raise MalformedError("a contact is [id, host, port, name]")
+        msg = "a contact is [id, host, port, name]"
+        raise MalformedError(msg)
     nid, host, port, name = raw
     if not (isinstance(host, str) and 0 < len(host) <= 255):
-        raise MalformedError("bad contact host")
+        msg = "bad contact host"
+        raise MalformedError(msg)
     if not (isinstance(port, int) and 0 < port < 65536):
-        raise MalformedError("bad contact port")
+        msg = "bad contact port"
+        raise MalformedError(msg)
     if not (isinstance(name, str) and len(name) <= 64):
-        raise MalformedError("bad contact name")
+        msg = "bad contact name"
+        raise MalformedError(msg)
     return check_id(nid), host, port, name
 
 
@@ -133,9 +138,9 @@ class OverlayProtocol(KademliaProtocol):  # type: ignore[misc]
         except BadMessage as exc:
             log.warning("not sending to %s: %s", addr, exc)
 
-    def call(self, addr: Address, name: str, *args: Any, timeout: float | None = None) -> (
-        asyncio.Future[Reply]
-    ):
+    def call(
+        self, addr: Address, name: str, *args: Any, timeout: float | None = None
+    ) -> asyncio.Future[Reply]:
         """Send a request; the future resolves to ``(True, result)`` or ``(False, None)``."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Reply] = loop.create_future()

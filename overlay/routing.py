@@ -68,7 +68,7 @@ def next_hops(
     contacts: Iterable[Contact],
     *,
     exclude: Collection[int] = (),
-    slack_bits: int = 1,
+    slack_bits: int = 0,
     exact_within: int = 0,
 ) -> list[Contact]:
     """Contacts to try for ``key``, best first; empty when ``self_id`` is the closest.

@@ -9,6 +9,7 @@ from outside the protocol: :meth:`SimulatedRing.closest_live` knows every live i
 from __future__ import annotations
 
 import asyncio
+import gc
 import contextlib
 import random
 from dataclasses import dataclass, field
@@ -56,17 +57,24 @@ class SimulatedRing:
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.net = FakeNetwork(
-            seed=self.seed, links=LinkModel(seed=self.seed, loss=self.loss),
+            seed=self.seed,
+            links=LinkModel(seed=self.seed, loss=self.loss),
             duplicate=self.duplicate,
         )
         self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> SimulatedRing:
         loop = asyncio.get_running_loop()
+        self._gc_threshold = gc.get_threshold()
+        gc.set_threshold(100_000, 20, 100)
         for i in range(self.n):
             node = OverlayNode(
-                node_id=random_id(self.rng), key=KEY, name=f"p{i}", config=self.config,
-                clock=loop.time, rng=random.Random(self.rng.getrandbits(64)),
+                node_id=random_id(self.rng),
+                key=KEY,
+                name=f"p{i}",
+                config=self.config,
+                clock=loop.time,
+                rng=random.Random(self.rng.getrandbits(64)),
             )
             await self._stack.enter_async_context(node)
             address = (f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}", 4000)
@@ -77,15 +85,22 @@ class SimulatedRing:
         joined = 1
         while joined < self.n:
             batch = self.nodes[joined : joined + self.wave]
-            await asyncio.gather(*(
-                node.bootstrap([self.nodes[self.rng.randrange(joined)].address])
-                for node in batch
-            ))
+            await asyncio.gather(
+                *(
+                    node.bootstrap([self.nodes[self.rng.randrange(joined)].address])
+                    for node in batch
+                )
+            )
             joined += len(batch)
+            # thousands of peers keep millions of long-lived objects; without this the
+            # cyclic GC rescans them all, and build time grows with the square of n
+            gc.freeze()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self._stack.aclose()
+        gc.unfreeze()
+        gc.set_threshold(*self._gc_threshold)
 
     def live(self) -> list[OverlayNode]:
         return [n for n in self.nodes if n.node_id not in self.dead]

@@ -38,20 +38,42 @@ class OverlayRoutingTable(RoutingTable):  # type: ignore[misc]
         self._sorted: tuple[list[int], dict[int, Node]] | None = None
 
     def add_contact(self, node: Node) -> None:
-        self._flat = self._sorted = None
         index = self.get_bucket_for(node)
         bucket = self.buckets[index]
+        known = node.id in bucket.nodes
         if bucket.add_node(node):
+            if not known:
+                self._indexed(node, add=True)
             return
         if bucket.has_in_range(self.node) or _depth(bucket) % 5 != 0:
-            self.split_bucket(index)
+            self.split_bucket(index)  # may promote replacement nodes: rebuild the index
+            self._flat = self._sorted = None
             self.add_contact(node)
         else:
             self._on_full(bucket.head())
 
     def remove_contact(self, node: Node) -> None:
-        self._flat = self._sorted = None
-        super().remove_contact(node)
+        bucket = self.buckets[self.get_bucket_for(node)]
+        before = set(bucket.nodes)
+        bucket.remove_node(node)
+        for nid in before.symmetric_difference(bucket.nodes):  # removed, maybe promoted
+            self._indexed(
+                bucket.nodes.get(nid) or make_node(int.from_bytes(nid, "big")),
+                add=nid in bucket.nodes,
+            )
+
+    def _indexed(self, node: Node, *, add: bool) -> None:
+        """Keep the flat list and the sorted index in step with one membership change."""
+        self._flat = None
+        if self._sorted is None:
+            return
+        ordered, by_id = self._sorted
+        nid = node.long_id
+        if add:
+            bisect.insort(ordered, nid)
+            by_id[nid] = node
+        elif by_id.pop(nid, None) is not None:
+            del ordered[bisect.bisect_left(ordered, nid)]
 
     def find_neighbors(
         self, node: Node, k: int | None = None, exclude: Node | None = None
@@ -71,9 +93,10 @@ class OverlayRoutingTable(RoutingTable):  # type: ignore[misc]
         while lo_bits < hi_bits:  # fewest free low bits whose range holds `need` ids
             bits = (lo_bits + hi_bits) // 2
             base = (target >> bits) << bits
-            if bisect.bisect_left(ordered, base + (1 << bits)) - bisect.bisect_left(
-                ordered, base
-            ) >= need:
+            if (
+                bisect.bisect_left(ordered, base + (1 << bits)) - bisect.bisect_left(ordered, base)
+                >= need
+            ):
                 hi_bits = bits
             else:
                 lo_bits = bits + 1
@@ -119,7 +142,7 @@ class OverlayRoutingTable(RoutingTable):  # type: ignore[misc]
 
 def _depth(bucket: KBucket) -> int:
     """Bits shared by every id in the bucket (upstream builds bit strings for this)."""
-    ids = [n.long_id for n in bucket.nodes.values()]
+    ids: list[int] = [n.long_id for n in bucket.nodes.values()]
     if not ids:
         return 0
     return 160 - (min(ids) ^ max(ids)).bit_length()

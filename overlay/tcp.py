@@ -211,7 +211,7 @@ class ConnectionInfo:
         type: str,
         body: Mapping[str, Any] | None = None,
         *,
-        timeout: float | None = None,  # noqa: ASYNC109 (the request's deadline)
+        timeout: float | None = None,
     ) -> Any:
         return await self._channel.request(type, body, timeout)
 
@@ -382,7 +382,7 @@ class _Channel:
         self,
         type: str,
         body: Mapping[str, Any] | None,
-        timeout: float | None,  # noqa: ASYNC109
+        timeout: float | None,
     ) -> Any:
         rid = self._next_id
         self._next_id += 1
@@ -715,7 +715,7 @@ class FrameClient:
         key: ClusterKey,
         name: str,
         limits: FrameLimits | None = None,
-        timeout: float = 10.0,  # noqa: ASYNC109 (connect and handshake together)
+        timeout: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> FrameClient:
@@ -776,7 +776,7 @@ class FrameClient:
         type: str,
         body: Mapping[str, Any] | None = None,
         *,
-        timeout: float | None = None,  # noqa: ASYNC109 (the request's deadline)
+        timeout: float | None = None,
     ) -> Any:
         """The peer's result; :class:`RemoteError` if its handler failed,
         :class:`PeerUnreachable` on timeout or a lost connection, :class:`BadMessage` if

@@ -14,7 +14,6 @@ Anchor: log_16 N, Pastry's bound and the paper's "within 4 hops" for N = 10,000.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import sys
@@ -42,7 +41,9 @@ def _log(args: argparse.Namespace, msg: str) -> None:
 async def run(args: argparse.Namespace) -> dict[str, object]:
     rss0 = psutil.Process().memory_info().rss
     t0 = time.perf_counter()
-    config = OverlayConfig(heartbeat_interval_s=args.heartbeat)
+    config = OverlayConfig(
+        heartbeat_interval_s=args.heartbeat, proximity_slack_bits=args.slack, ksize=args.ksize
+    )
     wave = args.wave or max(100, args.peers // 10)
     async with SimulatedRing(n=args.peers, seed=args.seed, config=config, wave=wave) as ring:
         rss_mb_per_peer = (psutil.Process().memory_info().rss - rss0) / 2**20 / args.peers
@@ -59,8 +60,11 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         await ring.settle((config.misses_to_dead + 2) * config.heartbeat_interval_s)
         after = await ring.route_many(args.routes)
         delivered_killed, mean_killed, _ = _summary(after)
-        _log(args, f"after killing 10%: delivered {delivered_killed:.4f} in "
-                   f"{time.perf_counter() - t0:.0f} s")
+        _log(
+            args,
+            f"after killing 10%: delivered {delivered_killed:.4f} in "
+            f"{time.perf_counter() - t0:.0f} s",
+        )
     return {
         "peers": args.peers,
         "routes": len(to_keys) + len(to_ids),
@@ -82,6 +86,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--wave", type=int, default=0, help="peers joining at once")
     parser.add_argument("--heartbeat", type=float, default=2.0, help="heartbeat interval (s)")
+    parser.add_argument("--slack", type=int, default=OverlayConfig().proximity_slack_bits,
+                        help="prefix bits traded for proximity")
+    parser.add_argument("--ksize", type=int, default=OverlayConfig().ksize, help="bucket size k")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args()

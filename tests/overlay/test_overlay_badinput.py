@@ -72,11 +72,16 @@ def test_garbage_forged_and_replayed_datagrams(
         # forged: well-formed, sealed under another cluster's key
         other = DatagramAuth(ClusterKey.from_material("some-other-cluster-key-123456"))
         for _ in range(50):
-            sock.sendto(other.seal(codec.encode_request(rng.randbytes(8), "ping", [me, "x"])),
-                        target)
+            sock.sendto(
+                other.seal(codec.encode_request(rng.randbytes(8), "ping", [me, "x"])), target
+            )
         # authentic, but an RPC that is not ours, or arguments of the wrong shape
-        for name, args in [("store", [me, b"k", b"v"]), ("__init__", []),
-                           ("ping", [b"short-id"]), ("route", [me, [1, 2], None])]:
+        for name, args in [
+            ("store", [me, b"k", b"v"]),
+            ("__init__", []),
+            ("ping", [b"short-id"]),
+            ("route", [me, [1, 2], None]),
+        ]:
             bad = auth.seal(codec.encode_request(rng.randbytes(8), name, args))
             assert exchange(sock, bad, target, wait=0.5) is None
         # authentic and fresh: answered once; the same bytes again are a replay

@@ -68,8 +68,9 @@ def test_routes_arrive_after_ten_percent_of_peers_die() -> None:
             assert len(reported) >= 0.9 * len(dead_ids)
             outcomes = await ring.route_many(300)
             check_paths(ring, outcomes)
-            assert all(not (set(h.node_id for h in o.result.path) & dead_ids)
-                       for o in outcomes if o.result)
+            assert all(
+                not (set(h.node_id for h in o.result.path) & dead_ids) for o in outcomes if o.result
+            )
 
     run_virtual(main())
 

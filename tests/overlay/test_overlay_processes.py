@@ -46,14 +46,19 @@ def test_ring_routes_and_a_killed_peer(cluster_factory: Callable[[int], LocalClu
     # kill -9 one peer in the middle; its leaf-set neighbours must drop it
     victim = 5
     victim_name = cluster.name(victim)
-    neighbours = [i for i in range(N) if i != victim and victim_name in (
-        cli_json(cluster, "ring", *via(cluster, i))["leaf_set"])]
+    neighbours = [
+        i
+        for i in range(N)
+        if i != victim and victim_name in (cli_json(cluster, "ring", *via(cluster, i))["leaf_set"])
+    ]
     assert neighbours
     cluster.kill(victim)
 
     def dropped_everywhere() -> bool:
-        return all(victim_name not in cli_json(cluster, "ring", *via(cluster, i))["leaf_set"]
-                   for i in neighbours)
+        return all(
+            victim_name not in cli_json(cluster, "ring", *via(cluster, i))["leaf_set"]
+            for i in neighbours
+        )
 
     poll(dropped_everywhere, what=f"leaf-set neighbours to drop {victim_name}")
     for i in range(N):
@@ -73,10 +78,13 @@ def test_cli_errors_are_clear(cluster_factory: Callable[[int], LocalCluster]) ->
     asyncio.run(cluster.wait_formed())
     proc = cli(cluster, "route", "no-such-peer", *via(cluster, 0), check=False)
     assert proc.returncode == 1
-    assert proc.stderr.startswith("Error: ") and "no-such-peer" in proc.stderr
+    assert proc.stderr.startswith("Error: ")
+    assert "no-such-peer" in proc.stderr
     proc = cli(cluster, "ring", "--via", "127.0.0.1:1", "--timeout", "2", check=False)
-    assert proc.returncode == 1 and "Error: " in proc.stderr
+    assert proc.returncode == 1
+    assert "Error: " in proc.stderr
     proc = cli(cluster, "ring", "--via", "nonsense", check=False)
-    assert proc.returncode == 1 and "HOST:PORT" in proc.stderr
+    assert proc.returncode == 1
+    assert "HOST:PORT" in proc.stderr
     proc = cli(cluster, "ring", "--bogus-flag", check=False)
     assert proc.returncode == 2

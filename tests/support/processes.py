@@ -33,10 +33,19 @@ def free_port() -> int:
 
 def cli(cluster: LocalCluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     assert cluster.workdir is not None
-    cmd = [sys.executable, "-m", "agiledart.cli", "--log-level", "warning", *args,
-           "--cluster-key-file", str(cluster.workdir / "cluster.key")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "AGILEDART_PEER": ""})
+    cmd = [
+        sys.executable,
+        "-m",
+        "agiledart.cli",
+        "--log-level",
+        "warning",
+        *args,
+        "--cluster-key-file",
+        str(cluster.workdir / "cluster.key"),
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=60, env={**os.environ, "AGILEDART_PEER": ""}
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} exited {proc.returncode}: {proc.stderr}")
     return proc

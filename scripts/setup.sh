@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Set up agiledart on a fresh Debian, Ubuntu or Raspberry Pi OS machine: the system
+# packages it needs (a C compiler and Python headers: zfec builds from source where no
+# wheel exists, e.g. on aarch64), a virtualenv in .venv, and the package with its
+# development tools. Safe to run again: it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    echo "agiledart needs Python 3.11 or newer (set PYTHON=/path/to/python3.11)" >&2
+    exit 1
+fi
+
+need=()
+command -v gcc >/dev/null 2>&1 || need+=(build-essential)
+"$PY" - <<'PYEOF' || need+=(python3-dev)
+import os, sys, sysconfig
+sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)
+PYEOF
+"$PY" -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
+if ((${#need[@]})); then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing system packages: ${need[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    else
+        echo "please install: ${need[*]}  (sudo apt-get install ${need[*]})" >&2
+        exit 1
+    fi
+fi
+
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+echo "agiledart is set up in .venv (activate with: . .venv/bin/activate)"
