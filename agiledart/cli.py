@@ -169,7 +169,7 @@ def _cmd_peer(args: argparse.Namespace) -> int:
     from agiledart.peer import Peer, PeerConfig, parse_address
 
     config = PeerConfig(
-        listen=parse_address(args.listen),
+        listen=parse_address(args.listen, listening=True),
         bootstrap=[parse_address(b) for b in args.bootstrap],
         name=args.name,
         zone=args.zone,

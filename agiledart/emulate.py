@@ -216,8 +216,10 @@ async def _emulate(cluster: LocalCluster, duration: float, console: Console) -> 
     routes = delivered = 0
     last: dict[str, dict[str, Any]] = {}
     end = time.monotonic() + duration
+    interrupted = asyncio.Event()  # Ctrl-C ends the run early, summary and all
+    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, interrupted.set)
     with Live(console=console, refresh_per_second=4, transient=False) as live:
-        while time.monotonic() < end:
+        while time.monotonic() < end and not interrupted.is_set():
             results = await asyncio.gather(
                 *(cluster.request(i, "route", {"to": sink}) for i in range(cluster.peers)),
                 return_exceptions=True,
@@ -231,7 +233,9 @@ async def _emulate(cluster: LocalCluster, duration: float, console: Console) -> 
                     last[cluster.name(i)] = res
             rings = await asyncio.gather(*(cluster.ring(i) for i in range(cluster.peers)))
             live.update(_view(cluster, rings, last, sink, end - time.monotonic()))
-            await asyncio.sleep(0.5)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.5):
+                    await interrupted.wait()
     return {
         "peers": cluster.peers,
         "sink": sink,

@@ -1,1 +1,46 @@
-"""agiledart.overlay"""
+"""agiledart.overlay: the DHT ring every peer joins.
+
+Built on the ``kademlia`` library (its routing table and iterative lookups), extended
+with recursive key-based routing that records its path, a leaf set watched by a
+heartbeat failure detector, authenticated datagrams and TCP frames, and a fake network
+on a virtual clock for many-peer tests. Nothing outside this package imports
+``kademlia`` or ``rpcudp``.
+"""
+
+from .auth import ClusterKey, load_cluster_key
+from .config import OverlayConfig
+from .envelope import Hop, RouteResult
+from .errors import (
+    AuthError,
+    BadMessage,
+    ConfigError,
+    MalformedError,
+    OverlayError,
+    OversizeError,
+    PeerUnreachable,
+    ReplayError,
+    RouteError,
+)
+from .leafset import Membership, MembershipEvent
+from .node import Delivery, OverlayNode
+
+__all__ = [
+    "AuthError",
+    "BadMessage",
+    "ClusterKey",
+    "ConfigError",
+    "Delivery",
+    "Hop",
+    "MalformedError",
+    "Membership",
+    "MembershipEvent",
+    "OverlayConfig",
+    "OverlayError",
+    "OverlayNode",
+    "OversizeError",
+    "PeerUnreachable",
+    "ReplayError",
+    "RouteError",
+    "RouteResult",
+    "load_cluster_key",
+]

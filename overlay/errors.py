@@ -7,6 +7,8 @@
         ├── ConfigError            local misuse: no cluster key, bad address, bad id file
         ├── RouteError             a route could not be completed (timeout, no live peer)
         ├── PeerUnreachable        a peer did not answer an RPC or a connection attempt
+        ├── RemoteError            a peer answered a frame request with an error (tcp.py)
+        ├── FrameStateError        a frame connection used out of order (frames.py)
         └── BadMessage             remote misbehaviour: what a peer sent us is unusable
             ├── AuthError          missing or wrong HMAC, or a failed session handshake
             ├── ReplayError        a datagram we have already accepted, or one too old

@@ -9,8 +9,8 @@ from outside the protocol: :meth:`SimulatedRing.closest_live` knows every live i
 from __future__ import annotations
 
 import asyncio
-import gc
 import contextlib
+import gc
 import random
 from dataclasses import dataclass, field
 from typing import Any

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
-from support.processes import cli, cli_json, poll
+from support.processes import cli, cli_json, free_port, poll
 
 from agiledart.emulate import LocalCluster
 
@@ -88,3 +93,96 @@ def test_cli_errors_are_clear(cluster_factory: Callable[[int], LocalCluster]) ->
     assert "HOST:PORT" in proc.stderr
     proc = cli(cluster, "ring", "--bogus-flag", check=False)
     assert proc.returncode == 2
+
+
+def test_a_peer_without_a_key_refuses_to_start_and_says_how_to_make_one(
+    tmp_path: Path,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "AGILEDART_CLUSTER_KEY"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agiledart.cli",
+            "peer",
+            "--listen",
+            "127.0.0.1:0",
+            "--state-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert proc.returncode == 1
+    assert "Error: no cluster key" in proc.stderr
+    assert "agiledart keygen" in proc.stderr
+    assert "--insecure" in proc.stderr
+
+
+def test_bootstrap_by_host_name_and_a_stable_id_across_restarts(tmp_path: Path) -> None:
+    port = free_port()
+    key = tmp_path / "cluster.key"
+    key.write_text("a-test-cluster-key-0123456789abcdef\n")
+
+    def peer(name: str, host: str, *extra: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agiledart.cli",
+                "--log-level",
+                "warning",
+                "peer",
+                "--listen",
+                f"{host}:{port}",
+                "--name",
+                name,
+                "--state-dir",
+                str(tmp_path / name),
+                "--cluster-key-file",
+                str(key),
+                *extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def ring_of_b() -> dict[str, object] | None:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "agiledart.cli",
+                "ring",
+                "--json",
+                "--via",
+                f"127.0.0.3:{port}",
+                "--cluster-key-file",
+                str(key),
+                "--timeout",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if proc.returncode != 0:
+            return None
+        info: dict[str, object] = json.loads(proc.stdout)
+        return info if "a" in {p["name"] for p in info["peers"]} else None  # type: ignore[attr-defined]
+
+    a = peer("a", "127.0.0.1")
+    b = peer("b", "127.0.0.3", "--bootstrap", f"localhost:{port}")  # a host *name*
+    try:
+        first = poll(ring_of_b, what="b to join through localhost")["node_id"]
+        b.terminate()
+        b.wait(timeout=30)
+        b = peer("b", "127.0.0.3", "--bootstrap", f"localhost:{port}")
+        again = poll(ring_of_b, what="b to rejoin after a restart")
+        assert again["node_id"] == first
+    finally:
+        for proc in (a, b):
+            proc.kill()
+            proc.wait()
