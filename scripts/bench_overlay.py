@@ -86,8 +86,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--wave", type=int, default=0, help="peers joining at once")
     parser.add_argument("--heartbeat", type=float, default=2.0, help="heartbeat interval (s)")
-    parser.add_argument("--slack", type=int, default=OverlayConfig().proximity_slack_bits,
-                        help="prefix bits traded for proximity")
+    parser.add_argument(
+        "--slack",
+        type=int,
+        default=OverlayConfig().proximity_slack_bits,
+        help="prefix bits traded for proximity",
+    )
     parser.add_argument("--ksize", type=int, default=OverlayConfig().ksize, help="bucket size k")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     parser.add_argument("--quiet", action="store_true")
