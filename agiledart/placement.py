@@ -1,0 +1,315 @@
+"""Operator placement from JOIN routing paths (paper §IV-B, Fig. 5; DESIGN §3 step 4).
+
+Theory of operation
+-------------------
+Each source peer routes a JOIN message toward the sink peer's node id; every hop
+appends itself (:class:`Hop`). The overlay hands those paths here, one per
+(source, sink) pair, together with the leaf set and spare capacity of every peer on
+them (:class:`PeerInfo`). :func:`place` is a pure function of those values:
+
+* Sources and sinks stay pinned to their peers; a path must start at its source's
+  peer and end at its sink's peer.
+* ``paths(o)``: the paths whose source-to-sink chain runs through operator ``o``.
+  ``o`` may only sit on a peer common to all of them (or on a leaf-set peer of one).
+  For a merge operator (union, join) the common peers are where paths from different
+  sources meet: the rendezvous. For an operator shared by several sinks' chains it is
+  the shared prefix; such an operator is placed once.
+* Operators are taken in topological order and laid along the paths, the first ones
+  next to the source (data locality): a one-input operator goes to the first usable
+  common peer at least one hop after its input; a merge operator to the first usable
+  common peer at or after the positions of all its inputs ("first" in the order of
+  the lowest-keyed path, ties by name).
+* A peer is usable while it hosts fewer than ``slot_limit`` operators and has spare
+  capacity (> 0). When no peer ahead on the path is usable (the path has fewer hops
+  than operators, or they are full), the operator shares a path node at or after its
+  inputs or goes to a leaf-set peer of one, whichever has the most spare capacity
+  (then fewest operators, then name). A leaf-set peer counts, for the operators
+  after it, as sitting at the path node whose leaf set it came from (its anchor).
+* Deployment runs along the reversed paths, sink side first (:attr:`Placement.deploy_order`).
+
+Everything is deterministic: inputs are visited in sorted order and ties are broken
+by name. Impossible inputs raise :class:`PlacementError` naming what is wrong.
+RTTs are carried but not used here: the routing already chose low-RTT hops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from agiledart.app.errors import AppError
+from agiledart.app.graph import chains, topological_order
+from agiledart.app.spec import AppSpec, OperatorSpec
+
+__all__ = [
+    "DEFAULT_SLOT_LIMIT",
+    "Hop",
+    "PathKey",
+    "PeerInfo",
+    "Placement",
+    "PlacementError",
+    "place",
+]
+
+#: Operators one peer hosts at most, unless told otherwise.
+DEFAULT_SLOT_LIMIT = 4
+
+#: ``(source id, sink id)``: which JOIN path.
+PathKey = tuple[str, str]
+
+
+class PlacementError(AppError):
+    """The paths and peers given cannot host this app (bad path, no capacity)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hop:
+    """One hop of a JOIN path as the overlay recorded it."""
+
+    peer: str
+    node_id: int
+    rtt_ms: float = 0.0
+    capacity: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class PeerInfo:
+    """What placement knows about a peer: its leaf set and spare capacity in [0, 1]."""
+
+    leaf_set: tuple[str, ...] = ()
+    capacity: float = 1.0
+
+
+_NO_PATHS: Mapping[PathKey, tuple[str, ...]] = MappingProxyType({})
+_NO_NODES: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Placement:
+    """Where every node of an app runs, and the JOIN paths that decided it."""
+
+    operators: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    sources: Mapping[str, str] = field(default_factory=lambda: _NO_NODES)
+    sinks: Mapping[str, str] = field(default_factory=lambda: _NO_NODES)
+    #: peer names from source to sink, per (source, sink)
+    paths: Mapping[PathKey, tuple[str, ...]] = field(default_factory=lambda: _NO_PATHS)
+    #: peers to deploy on, sink side first (reversed paths; leaf-set hosts before
+    #: the path node they hang off)
+    deploy_order: tuple[str, ...] = ()
+
+    def peer_of(self, node_id: str) -> str:
+        """The (first) peer running source, operator or sink ``node_id``."""
+        if node_id in self.operators:
+            return self.operators[node_id][0]
+        if node_id in self.sources:
+            return self.sources[node_id]
+        return self.sinks[node_id]
+
+    def on_peer(self, peer: str) -> tuple[str, ...]:
+        """Operator ids with an instance on ``peer``, sorted."""
+        return tuple(sorted(o for o, ps in self.operators.items() if peer in ps))
+
+
+@dataclass(slots=True)
+class _State:
+    """Working state of one :func:`place` call."""
+
+    paths: dict[PathKey, tuple[str, ...]]
+    index: dict[PathKey, dict[str, int]]
+    capacity: dict[str, float]
+    leaf_sets: dict[str, tuple[str, ...]]
+    slot_limit: int
+    through: Mapping[str, set[PathKey]]  # operator id -> keys of paths through it
+    used: dict[str, int] = field(default_factory=dict)
+    host: dict[str, str] = field(default_factory=dict)  # node id -> peer
+    anchor: dict[str, str] = field(default_factory=dict)  # node id -> path peer
+
+    def usable(self, peer: str) -> bool:
+        return self.used.get(peer, 0) < self.slot_limit and self.capacity.get(peer, 0.0) > 0
+
+    def assign(self, node: str, peer: str, anchor: str) -> None:
+        self.used[peer] = self.used.get(peer, 0) + 1
+        self.host[node] = peer
+        self.anchor[node] = anchor
+
+
+def place(
+    app: AppSpec,
+    paths: Mapping[PathKey, Sequence[Hop]],
+    peers: Mapping[str, PeerInfo] | None = None,
+    *,
+    slot_limit: int = DEFAULT_SLOT_LIMIT,
+) -> Placement:
+    """Place ``app``'s operators along its JOIN ``paths`` (one per source-sink pair).
+
+    ``peers`` gives leaf sets and capacities; a path peer missing from it has the
+    capacity its hop recorded and no leaf set, any other missing peer none (unusable).
+    """
+    if slot_limit < 1:
+        msg = f"slot limit must be at least 1, got {slot_limit}"
+        raise PlacementError(msg)
+    peers = peers or {}
+    on_chain = _paths_through(app)
+    state = _state(app, paths, peers, on_chain, slot_limit)
+    for s in app.sources:
+        state.host[s.id] = state.anchor[s.id] = s.peer
+    for node in topological_order(app):
+        if node in on_chain and node not in state.host:
+            _place_operator(app.operator(node), sorted(on_chain[node]), state)
+    ops = {o.id: (state.host[o.id],) for o in app.operators}
+    return Placement(
+        operators=MappingProxyType(ops),
+        sources=MappingProxyType({s.id: s.peer for s in app.sources}),
+        sinks=MappingProxyType({k.id: k.peer for k in app.sinks}),
+        paths=MappingProxyType(dict(sorted(state.paths.items()))),
+        deploy_order=_deploy_order(state),
+    )
+
+
+def _paths_through(app: AppSpec) -> dict[str, set[PathKey]]:
+    """``{operator id: keys of the paths whose chain runs through it}``."""
+    out: dict[str, set[PathKey]] = {}
+    for sink, sink_chains in chains(app).items():
+        for chain in sink_chains:
+            for node in chain[1:-1]:
+                out.setdefault(node, set()).add((chain[0], sink))
+    return out
+
+
+def _state(
+    app: AppSpec,
+    paths: Mapping[PathKey, Sequence[Hop]],
+    peers: Mapping[str, PeerInfo],
+    on_chain: Mapping[str, set[PathKey]],
+    slot_limit: int,
+) -> _State:
+    """Validate ``paths`` against the app and gather capacities and leaf sets."""
+    needed = {(c[0], sink) for sink, cs in chains(app).items() for c in cs}
+    needed |= {k for keys in on_chain.values() for k in keys}
+    for key in sorted(set(paths) - needed):
+        msg = f"path given for source {key[0]!r} to sink {key[1]!r}, which it does not feed"
+        raise PlacementError(msg)
+    checked: dict[PathKey, tuple[str, ...]] = {}
+    capacity: dict[str, float] = {}
+    for key in sorted(needed):
+        if key not in paths:
+            msg = f"no JOIN path from source {key[0]!r} to sink {key[1]!r}"
+            raise PlacementError(msg)
+        checked[key] = _check_path(app, key, paths[key])
+        for hop in paths[key]:
+            capacity[hop.peer] = max(capacity.get(hop.peer, 0.0), _checked_capacity(hop))
+    for name, info in peers.items():
+        capacity[name] = _checked_capacity(info, name)
+    return _State(
+        paths=checked,
+        index={k: {p: i for i, p in enumerate(ps)} for k, ps in checked.items()},
+        capacity=capacity,
+        leaf_sets={name: tuple(sorted(info.leaf_set)) for name, info in peers.items()},
+        slot_limit=slot_limit,
+        through=on_chain,
+    )
+
+
+def _check_path(app: AppSpec, key: PathKey, hops: Sequence[Hop]) -> tuple[str, ...]:
+    names = tuple(h.peer for h in hops)
+    what = f"JOIN path from source {key[0]!r} to sink {key[1]!r}"
+    start = next(s for s in app.sources if s.id == key[0])
+    end = next(k for k in app.sinks if k.id == key[1])
+    if not names:
+        msg = f"{what} is empty"
+        raise PlacementError(msg)
+    if names[0] != start.peer:
+        msg = f"{what} starts at peer {names[0]!r}, not at the source's peer {start.peer!r}"
+        raise PlacementError(msg)
+    if names[-1] != end.peer:
+        msg = f"{what} ends at peer {names[-1]!r}, not at the sink's peer {end.peer!r}"
+        raise PlacementError(msg)
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            msg = f"{what} visits peer {name!r} twice"
+            raise PlacementError(msg)
+    return names
+
+
+def _checked_capacity(item: Hop | PeerInfo, name: str = "") -> float:
+    peer = item.peer if isinstance(item, Hop) else name
+    if not 0.0 <= item.capacity <= 1.0:
+        msg = f"capacity of peer {peer!r} must be in [0, 1], got {item.capacity}"
+        raise PlacementError(msg)
+    return item.capacity
+
+
+def _place_operator(op: OperatorSpec, keys: list[PathKey], state: _State) -> None:
+    """Put ``op`` on the first usable peer ahead on its paths, else overflow."""
+    common = _common_peers(keys, state)
+    if not common:
+        msg = f"operator {op.id!r}: its paths {keys} share no peer to place it on"
+        raise PlacementError(msg)
+    step = 1 if len(op.inputs) == 1 else 0
+    for peer in _at_or_after(op, keys, common, step, state):
+        if state.usable(peer):
+            state.assign(op.id, peer, peer)
+            return
+    _overflow(op, keys, _at_or_after(op, keys, common, 0, state), state)
+
+
+def _common_peers(keys: list[PathKey], state: _State) -> list[str]:
+    """Peers on every path in ``keys``, in the order of the first path."""
+    first = state.paths[keys[0]]
+    return [p for p in first if all(p in state.index[k] for k in keys[1:])]
+
+
+def _at_or_after(
+    op: OperatorSpec, keys: list[PathKey], peers: list[str], step: int, state: _State
+) -> list[str]:
+    """``peers`` at least ``step`` hops after each input's anchor on each shared path."""
+
+    def ok(peer: str) -> bool:
+        for key in keys:
+            idx = state.index[key]
+            for node in op.inputs:
+                anchor = state.anchor[node]
+                if anchor in idx and _feeds(node, key, state) and idx[peer] < idx[anchor] + step:
+                    return False
+        return True
+
+    return [p for p in peers if ok(p)]
+
+
+def _feeds(node: str, key: PathKey, state: _State) -> bool:
+    """Whether ``node`` lies on ``key``'s chain (sources: the path starts there)."""
+    return node == key[0] or key in state.through.get(node, ())
+
+
+def _overflow(op: OperatorSpec, keys: list[PathKey], nodes: list[str], state: _State) -> None:
+    """Share a path node in ``nodes`` or use a leaf-set peer of one: most capacity wins."""
+    candidates: dict[str, str] = {}  # peer -> anchor (first path node offering it)
+    for node in nodes:
+        for peer in (node, *state.leaf_sets.get(node, ())):
+            candidates.setdefault(peer, node)
+    usable = [p for p in candidates if state.usable(p)]
+    if not usable:
+        msg = (
+            f"no capacity for operator {op.id!r}: every peer on its paths {keys} at or "
+            f"after its inputs, and their leaf sets, is full (slot limit "
+            f"{state.slot_limit}) or has no spare capacity"
+        )
+        raise PlacementError(msg)
+    best = min(usable, key=lambda p: (-state.capacity[p], state.used.get(p, 0), p))
+    state.assign(op.id, best, candidates[best])
+
+
+def _deploy_order(state: _State) -> tuple[str, ...]:
+    """Reversed paths, sink side first; leaf-set hosts just before their anchor."""
+    leaf_hosts: dict[str, set[str]] = {}
+    for node, peer in state.host.items():
+        if peer != state.anchor[node]:
+            leaf_hosts.setdefault(state.anchor[node], set()).add(peer)
+    order: dict[str, None] = {}
+    for key in sorted(state.paths):
+        for peer in reversed(state.paths[key]):
+            for extra in sorted(leaf_hosts.get(peer, ())):
+                order.setdefault(extra)
+            order.setdefault(peer)
+    return tuple(order)

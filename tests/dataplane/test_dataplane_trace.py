@@ -1,0 +1,54 @@
+"""Deterministic 5% trace sampling and sink-side latency."""
+
+from __future__ import annotations
+
+import pytest
+
+from agiledart.dataplane import (
+    Batch,
+    Batcher,
+    DataPlaneUsageError,
+    TraceSampler,
+    trace_latency,
+)
+
+
+def _picks(seed: int, n: int) -> list[int]:
+    s = TraceSampler(rate=0.05, seed=seed)
+    return [i for i in range(n) if s.sample(float(i)) is not None]
+
+
+def test_deterministic_given_seed() -> None:
+    assert _picks(7, 5000) == _picks(7, 5000)
+    assert _picks(7, 5000) != _picks(8, 5000)
+
+
+def test_rate_close_to_five_percent() -> None:
+    s = TraceSampler(rate=0.05, seed=1)
+    for i in range(100_000):
+        s.sample(float(i))
+    assert s.seen == 100_000
+    assert 4500 < s.sampled < 5500
+
+
+def test_rate_one_samples_all() -> None:
+    s = TraceSampler(rate=1.0, seed=0)
+    assert all(s.sample(0.0) is not None for _ in range(100))
+
+
+def test_end_to_end_latency() -> None:
+    sampler = TraceSampler(rate=0.05, seed=3)
+    b = Batcher("src->sink", max_records=1000, max_delay_ms=10_000)
+    for i in range(1000):
+        batch = b.add(i, 1000.0 + i, trace=sampler.sample(1000.0 + i))
+    assert batch is not None
+    wire = Batch.decode(batch.encode())
+    latencies = [trace_latency(tr, now=2500.0) for _, tr in wire.traced()]
+    assert len(latencies) == sampler.sampled > 0
+    assert latencies == [2500.0 - (1000.0 + rec) for rec, _ in wire.traced()]
+
+
+@pytest.mark.parametrize("rate", [0.0, -0.1, 1.5])
+def test_bad_rate(rate: float) -> None:
+    with pytest.raises(DataPlaneUsageError):
+        TraceSampler(rate=rate)
