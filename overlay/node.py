@@ -380,7 +380,9 @@ class OverlayNode:
         For every prefix level ``j`` above the leaf set's reach, ask the closest contact
         we know for the neighbours of a random id that differs from ours first at bit
         ``j``: one RPC per level fills the subtree at distance [2^j, 2^(j+1)). Levels
-        below the farthest leaf-set member are the leaf set's, kept by heartbeats.
+        below the farthest leaf-set member are the leaf set's, kept by heartbeats; and
+        our two closest neighbours are asked for theirs of our own id, which closes the
+        gaps that peers joining at the same moment leave in each other's leaf sets.
         """
         members = self.leaf_set.members()
         reach = (members[-1].node_id ^ self.node_id).bit_length() if members else 0
@@ -391,6 +393,8 @@ class OverlayNode:
             near = self.router.find_neighbors(target, k=1)
             if near:
                 queries.append(self.protocol.call_find_node(near[0], target))
+        for near in self.router.find_neighbors(self.kad_node, k=2):
+            queries.append(self.protocol.call_find_node(near, self.kad_node))
         await asyncio.gather(*queries)
 
     async def _heartbeat_loop(self) -> None:

@@ -44,7 +44,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     config = OverlayConfig(
         heartbeat_interval_s=args.heartbeat, proximity_slack_bits=args.slack, ksize=args.ksize
     )
-    wave = args.wave or max(100, args.peers // 10)
+    wave = args.wave or max(1, args.peers // 10)  # joins spread over ten waves
     async with SimulatedRing(n=args.peers, seed=args.seed, config=config, wave=wave) as ring:
         rss_mb_per_peer = (psutil.Process().memory_info().rss - rss0) / 2**20 / args.peers
         _log(args, f"built {args.peers} peers in {time.perf_counter() - t0:.0f} s")
