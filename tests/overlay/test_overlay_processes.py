@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support.processes import cli, cli_json, free_port, poll
+from support.processes import cli, cli_json, free_port, poll, try_cli_json
 
 from agiledart.emulate import LocalCluster
 
@@ -29,7 +29,9 @@ def test_ring_routes_and_a_killed_peer(cluster_factory: Callable[[int], LocalClu
     names = {cluster.name(i) for i in range(N)}
 
     def ring_complete() -> dict[str, object] | None:
-        info = cli_json(cluster, "ring", *via(cluster, 3))
+        info = try_cli_json(cluster, "ring", *via(cluster, 3))  # None while it starts
+        if info is None:
+            return None
         return info if {p["name"] for p in info["peers"]} | {info["self"]} == names else None
 
     info = poll(ring_complete, what="`agiledart ring` to show all 12 peers")

@@ -55,6 +55,12 @@ def cli_json(cluster: LocalCluster, *args: str) -> Any:
     return json.loads(cli(cluster, *args, "--json").stdout)
 
 
+def try_cli_json(cluster: LocalCluster, *args: str) -> Any:
+    """Like :func:`cli_json`, but None when the command fails (a peer still starting)."""
+    proc = cli(cluster, *args, "--json", check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
 def poll(condition: Callable[[], Any], *, what: str, timeout: float = 60.0) -> Any:
     """Wait for ``condition()`` to be truthy; fail naming ``what`` (never a timed assert:
     the bound only keeps a broken build from hanging)."""
