@@ -25,6 +25,13 @@ def ring(cluster: LocalCluster, i: int = 0) -> dict[str, Any]:
     return cli_json(cluster, "ring", "--via", "{}:{}".format(*cluster.address(i)))
 
 
+def rejected(cluster: LocalCluster) -> int:
+    info = asyncio.run(cluster.ring(0))
+    if info is None:
+        return 0
+    return sum(v for k, v in info["stats"].items() if k.startswith("rejected_"))
+
+
 def exchange(sock: socket.socket, data: bytes, addr: tuple[str, int], *, wait: float) -> Any:
     """Send a request; the peer's reply to it (by message id), or None if none came."""
     auth = DatagramAuth(KEY_OF[addr])
@@ -60,12 +67,17 @@ def test_garbage_forged_and_replayed_datagrams(
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
     try:
-        # 10,000 random datagrams, in bursts the socket buffer can take
-        for _ in range(1000):  # paced so the kernel's socket buffer drops none
-            for _ in range(10):
+        # 10,000 random datagrams, in chunks the kernel's socket buffer can hold: each
+        # chunk waits until the peer has counted the previous one, however slow it is
+        for chunk in range(20):
+            for _ in range(500):
                 size = rng.choice([1, 17, 49, 50, 200, 1400, 8000, 8191, 8193, 9000])
                 sock.sendto(rng.randbytes(size), target)
-            time.sleep(0.002)
+                time.sleep(0.0002)
+            poll(
+                lambda n=chunk: rejected(cluster) >= 500 * (n + 1),
+                what=f"chunk {chunk} of garbage to be counted",
+            )
         me = ids.to_bytes(ids.random_id(rng))
         KEY_OF[target] = cluster.key
         auth = DatagramAuth(cluster.key)
