@@ -12,7 +12,6 @@ they cause; the driver publishes them to subscribers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -87,16 +86,6 @@ class LeafSet:
             MembershipEvent(Membership.LEFT, far),
         ]
 
-    def offer_all(self, contacts: Iterable[Contact]) -> list[MembershipEvent]:
-        events: list[MembershipEvent] = []
-        for c in contacts:
-            events.extend(self.offer(c))
-        # a peer that joined and was displaced in the same batch never really joined
-        joined = {e.contact.node_id for e in events if e.kind is Membership.JOINED}
-        left = {e.contact.node_id for e in events if e.kind is Membership.LEFT}
-        both = joined & left
-        return [e for e in events if e.contact.node_id not in both]
-
     def remove(self, node_id: int, *, dead: bool) -> list[MembershipEvent]:
         contact = self._members.pop(node_id, None)
         if contact is None:
@@ -104,8 +93,3 @@ class LeafSet:
         self._far = -1
         kind = Membership.DEAD if dead else Membership.LEFT
         return [MembershipEvent(kind, contact)]
-
-    def closest_to(self, key: int) -> Contact | None:
-        if not self._members:
-            return None
-        return min(self._members.values(), key=lambda c: c.node_id ^ key)

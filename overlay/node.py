@@ -324,9 +324,6 @@ class OverlayNode:
             out.append([n.id, n.ip, n.port, c.name if c else ""])
         return out
 
-    def leaf_set_wire(self) -> list[Any]:
-        return [[ids.to_bytes(c.node_id), c.host, c.port, c.name] for c in self.leaf_set.members()]
-
     def known_peers(self) -> list[Contact]:
         return sorted(self.contacts.values(), key=lambda c: c.node_id)
 
