@@ -122,7 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.set_defaults(func=_cmd_keygen)
 
+    from agiledart.cli_apps import add_parsers as add_app_commands
     from agiledart.emulate import add_parser as add_emulate
+
+    add_app_commands(sub, _add_via, call_peer, _run)
 
     add_emulate(sub)
     return parser

@@ -60,6 +60,12 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=_cmd_emulate)
 
 
+def site_name(i: int) -> str:
+    """Peer names of an emulated site: the names the bundled apps pin to come first."""
+    fixed = ("sensor-1", "sensor-2", "gateway-1", "gateway-2")
+    return fixed[i] if i < len(fixed) else f"edge-{i - len(fixed) + 1}"
+
+
 @dataclass
 class LocalCluster:
     """N real peer processes on 127.0.0.2 .. 127.0.0.N+1, torn down on exit."""
@@ -82,7 +88,7 @@ class LocalCluster:
         return (f"127.0.0.{i + 2}", self.port)
 
     def name(self, i: int) -> str:
-        return f"peer-{i + 1}"
+        return site_name(i)
 
     def __enter__(self) -> LocalCluster:
         if self.workdir is None:

@@ -29,6 +29,8 @@ from agiledart.overlay.config import OverlayConfig
 from agiledart.overlay.errors import ConfigError
 from agiledart.overlay.node import Delivery, OverlayNode
 from agiledart.overlay.tcp import ConnectionInfo, FrameServer
+from agiledart.runtime.links import Links
+from agiledart.runtime.service import AppRuntime
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,15 @@ class Peer:
             node_id=self.node_id, key=key, name=self.name, config=config.overlay
         )
         self.frames = FrameServer(key=key, name=self.name)
+        self.links = Links(key, self.name)
+        self.runtime = AppRuntime(
+            name=self.name,
+            overlay=self.overlay,
+            frames=self.frames,
+            links=self.links,
+            state_dir=config.state_dir,
+        )
+        self._joined = asyncio.Event()
         self.frames.route("ring", self._ring)
         self.frames.route("route", self._route)
         self.overlay.on_deliver("probe", _probe)
@@ -100,11 +111,14 @@ class Peer:
             await self.__aexit__(None, None, None)
             raise
         self._group.create_task(self._join_loop())
+        self.runtime.start(self._group, self._joined)
         log.info("peer %s (%s) listening on %s:%d", self.name, ids.short(self.node_id), host, port)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self._stopped.set()
+        await self.runtime.aclose()
+        await self.links.aclose()
         await self.frames.aclose()
         await self.overlay.__aexit__(None, None, None)
         if self._group is not None:
@@ -135,6 +149,7 @@ class Peer:
         """Join through the bootstrap peers, retrying with back-off until one answers
         (peers of a site start in any order)."""
         if not self.config.bootstrap:
+            self._joined.set()
             return
         delay = 0.5
         while not self._stopped.is_set():
@@ -142,6 +157,7 @@ class Peer:
             known = await self.overlay.bootstrap(addresses) if addresses else 0
             if known:
                 log.info("joined the ring: %d peers known", known)
+                self._joined.set()
                 return
             log.warning("no bootstrap peer answered; retrying in %.1f s", delay)
             try:
@@ -187,6 +203,7 @@ class Peer:
             ],
             "leaf_set": [c.name or f"{c.node_id:040x}" for c in leaf],
             "stats": dict(node.stats),
+            "apps": sorted(self.runtime.instances),
             "frames": dataclasses.asdict(self.frames.statistics()),
         }
 

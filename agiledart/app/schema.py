@@ -122,6 +122,8 @@ _GENERATOR_COMMON = (
     _p("start_ts", "int", default=0, **_MS),
     _p("disorder_ms", "nonnegint", default=0, **_MS),
     _p("out_of_order_ms", "nonnegint", **_MS),
+    _p("speedup", "posnum", unit="times faster than event time, when replayed by a peer"),
+    _p("overload", "enum", choices=("block", "shed")),
 )
 #: Extra generator parameters per dataset (see agiledart.datasets).
 DATASET_PARAMS: Mapping[str, tuple[Param, ...]] = {
@@ -147,6 +149,8 @@ SOURCE_PARAMS: Mapping[str, tuple[Param, ...]] = {
         _p("format", "enum", choices=_FORMATS),
         _p("rate", "posnum", unit="records per second"),
         _p("out_of_order_ms", "nonnegint", default=1000, **_MS),
+        _p("speedup", "posnum", unit="times the rate, when replayed by a peer"),
+        _p("overload", "enum", choices=("block", "shed")),
     ),
     "mqtt": (*_MQTT, _p("out_of_order_ms", "nonnegint", default=1000, **_MS)),
 }

@@ -34,7 +34,7 @@ Record = dict[str, Any]
 Timestamps = np.ndarray[Any, np.dtype[np.int64]]
 CHUNK = 4096
 #: Keys of a generator source's params that are not dataset arguments.
-_SOURCE_ONLY = frozenset({"dataset", "out_of_order_ms"})
+_SOURCE_ONLY = frozenset({"dataset", "out_of_order_ms", "speedup", "overload"})
 
 
 class ChunkMaker(Protocol):

@@ -1,0 +1,201 @@
+"""The application commands of the CLI: ``register``, ``submit``, ``apps``, ``status``, ``stop``.
+
+Each sends one control RPC to the ``--via`` peer (any peer: the app record lives in the
+records store, so every peer can answer for every app).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from agiledart.app.errors import AppError
+
+__all__ = ["add_parsers"]
+
+Call = Callable[[argparse.Namespace, str, dict[str, Any]], Awaitable[Any]]
+TERMINAL = ("finished", "failed", "stopped")
+
+
+def add_parsers(
+    sub: Any,
+    add_via: Callable[[argparse.ArgumentParser], None],
+    call: Call,
+    run: Callable[[Any], Any],
+) -> None:
+    def command(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
+        add_via(p)
+        p.add_argument("--json", action="store_true", help="print JSON")
+        return p
+
+    p = command(
+        "register",
+        "register a Python module of functions",
+        "Store a module under its sha256 (the code id) so apps can use '<code_id>:<function>'.",
+    )
+    p.add_argument("bundle", type=Path, help="the module, e.g. bundle.py")
+    p.set_defaults(func=lambda a: _register(a, call, run))
+
+    p = command(
+        "submit",
+        "submit an app",
+        "Validate an app spec, place it by JOIN routing and start it. APP is a YAML "
+        "file or the name of a bundled app (see `agiledart submit --list`).",
+    )
+    p.add_argument("app", nargs="?", help="app spec file, or a bundled app's name")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec value (params.rate=500, sources.readings-a.peer=pi-3)",
+    )
+    p.add_argument("--list", action="store_true", help="list the bundled apps and exit")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait until the app has finished (finite apps) and print its status",
+    )
+    p.set_defaults(func=lambda a: _submit(a, call, run), timeout=60.0)
+
+    p = command("apps", "list the apps", "List every app the cluster knows, with its state.")
+    p.set_defaults(func=lambda a: _apps(a, call, run))
+
+    p = command(
+        "status",
+        "show an app's state",
+        "State, placement (operator -> peers), JOIN paths, rates and latency of an app.",
+    )
+    p.add_argument("app_id")
+    p.set_defaults(func=lambda a: _status(a, call, run))
+
+    p = command("stop", "stop an app", "Tear down every instance of an app on every peer.")
+    p.add_argument("app_id")
+    p.set_defaults(func=lambda a: _stop(a, call, run))
+
+
+def _register(args: argparse.Namespace, call: Call, run: Callable[[Any], Any]) -> int:
+    path: Path = args.bundle
+    try:
+        source = path.read_bytes()
+    except OSError as exc:
+        msg = f"cannot read {path}: {exc.strerror or exc}"
+        raise AppError(msg) from None
+    res = run(call(args, "register", {"source": source, "name": path.name}))
+    print(json.dumps(res) if args.json else res["code_id"])
+    return 0
+
+
+def _spec_text(name: str) -> str:
+    from agiledart import apps
+
+    if os.path.exists(name):
+        try:
+            return Path(name).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            msg = f"cannot read {name}: {exc}"
+            raise AppError(msg) from None
+    if name in apps.names() or name.removesuffix(".yaml") in apps.names():
+        return apps.text(name)
+    msg = f"{name!r} is neither a file nor a bundled app; bundled apps: {', '.join(apps.names())}"
+    raise AppError(msg)
+
+
+def _submit(args: argparse.Namespace, call: Call, run: Callable[[Any], Any]) -> int:
+    from agiledart import apps
+
+    if args.list:
+        for name in apps.names():
+            print(name)
+        return 0
+    if not args.app:
+        msg = "name an app spec file or a bundled app (see --list)"
+        raise AppError(msg)
+    text = _spec_text(args.app)
+    res = run(call(args, "submit", {"spec": text, "set": list(args.set)}))
+    app_id = res["app_id"]
+    if args.wait:
+        status = run(_wait(args, call, app_id))
+        if args.json:
+            print(json.dumps(status))
+        else:
+            _print_status(status)
+        return 0 if status["state"] == "finished" else 1
+    print(json.dumps({"app_id": app_id}) if args.json else app_id)
+    return 0
+
+
+async def _wait(args: argparse.Namespace, call: Call, app_id: str) -> dict[str, Any]:
+    import asyncio
+
+    while True:
+        status: dict[str, Any] = await call(args, "status", {"app_id": app_id})
+        if status["state"] in TERMINAL:
+            return status
+        await asyncio.sleep(0.5)
+
+
+def _apps(args: argparse.Namespace, call: Call, run: Callable[[Any], Any]) -> int:
+    res = run(call(args, "apps", {}))
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    if not res:
+        print("no apps")
+        return 0
+    for a in res:
+        when = time.strftime("%H:%M:%S", time.localtime(a.get("submitted_at") or 0))
+        print(f"{a['app_id']:32} {a['state']:10} {a.get('scheduler', '?'):16} {when}")
+    return 0
+
+
+def _status(args: argparse.Namespace, call: Call, run: Callable[[Any], Any]) -> int:
+    res = run(call(args, "status", {"app_id": args.app_id}))
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        _print_status(res)
+    return 0
+
+
+def _stop(args: argparse.Namespace, call: Call, run: Callable[[Any], Any]) -> int:
+    res = run(call(args, "stop", {"app_id": args.app_id}))
+    if args.json:
+        print(json.dumps({"app_id": res["app_id"], "state": res["state"]}))
+    else:
+        print(f"{res['app_id']}: {res['state']}")
+    return 0
+
+
+def _print_status(s: dict[str, Any]) -> None:
+    t = s.get("totals", {})
+    print(
+        f"{s['app_id']} ({s['name']}): {s['state']}"
+        + (f" - {s['error']}" if s.get("error") else "")
+    )
+    print(f"  scheduler: {s.get('scheduler')}")
+    for src, peer in s.get("sources", {}).items():
+        print(f"  source {src} @ {peer}")
+    for op, peers in s.get("placement", {}).items():
+        print(f"  operator {op} @ {', '.join(peers)}")
+    for sink, peer in s.get("sinks", {}).items():
+        print(f"  sink {sink} @ {peer}")
+    for path in s.get("paths", []):
+        print(f"  path: {' -> '.join(path)}")
+    if t:
+        lat = t.get("latency_p50_ms")
+        print(
+            f"  records: {t['source_records']} in, {t['sink_records']} out, "
+            f"{t['delayed']} delayed, {t['shed']} shed, {t['late']} late, {t['errors']} errors"
+            + (
+                f"; latency p50 {lat} ms, p99 {t.get('latency_p99_ms')} ms"
+                if lat is not None
+                else ""
+            )
+        )

@@ -1,0 +1,406 @@
+"""Source and sink connectors of a peer: replay a source in real time, write a sink.
+
+Theory of operation. A :class:`Source` replays a generator or file source at its
+``rate`` records per second of wall time, on a :class:`ReplaySchedule`: record ``i``
+(0-based) is due ``i / rate`` seconds after the replay starts, so by time ``t`` the
+first ``floor(rate * t) + 1`` records are due. The replay loop hands downstream
+whatever is due, at most ``batch_size`` records per ``await emit(batch)``; when nothing
+is due it sleeps until the next record is, but never less than ``tick_s`` (so a fast
+source wakes at most ``1 / tick_s`` times a second and emits what piled up). A file
+source without a ``rate`` is unpaced: every record is due at once.
+
+``emit`` may block (back-pressure from the data plane); the source then falls behind
+its schedule and, not sleeping while behind, catches up as fast as ``emit`` lets it.
+Each record handed downstream (``emit`` returned) more than ``late_ms`` after it was
+due counts once in ``delayed``. With ``overload="shed"`` the source instead skips the
+records due more than ``max_lag_s`` ago (counted in ``shed``, never handed on), so the
+stream stays close to real time at the cost of completeness. The record iterator is
+read one batch at a time (a generator makes its records in chunks of
+:data:`agiledart.datasets.CHUNK`), so memory stays bounded whatever the stream length.
+
+A :class:`Sink` takes batches of records: ``file`` sinks write JSONL or CSV, buffered
+until :meth:`~Sink.flush`; the ``stdout`` sink writes JSONL lines to a stream. JSON has
+no bytes and no NaN: bytes values become hex strings, non-finite floats ``null``.
+Failures become :class:`~agiledart.app.errors.ExecutionError` naming the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import csv
+import io
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable, Generator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Protocol, TextIO
+
+from agiledart.app.errors import ExecutionError
+from agiledart.app.local import source_batches
+from agiledart.app.spec import SinkSpec, SourceSpec
+from agiledart.datasets import ParseStats, generate_batches, generator_kwargs
+from agiledart.operators import Record
+
+__all__ = [
+    "OVERLOAD_POLICIES",
+    "FileSink",
+    "ReplaySchedule",
+    "Sink",
+    "SinkStatistics",
+    "Source",
+    "SourceStatistics",
+    "StdoutSink",
+    "json_line",
+    "open_sink",
+]
+
+OVERLOAD_POLICIES = ("block", "shed")
+_MQTT = "the mqtt connector arrives with the MQTT issue"
+#: Slack, in records, for float rounding in the schedule (a record due "now" is due).
+_EPS = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaySchedule:
+    """When each record is due: record ``i`` at ``start + i / rate`` (``rate`` None: now)."""
+
+    start: float
+    rate: float | None
+
+    def due(self, now: float) -> int:
+        """How many records are due by ``now``."""
+        if self.rate is None:
+            return sys.maxsize
+        return max(0, math.floor((now - self.start) * self.rate + _EPS) + 1)
+
+    def due_at(self, i: int) -> float:
+        """When record ``i`` is due."""
+        return self.start if self.rate is None else self.start + i / self.rate
+
+    def overdue(self, now: float, lag: float) -> int:
+        """How many records were due more than ``lag`` seconds before ``now``."""
+        if self.rate is None:
+            return 0
+        return max(0, math.ceil((now - lag - self.start) * self.rate - _EPS))
+
+
+@dataclass(slots=True)
+class SourceStatistics:
+    """What a source has done so far (a peer reports it in ``status``)."""
+
+    emitted: int = 0
+    delayed: int = 0
+    shed: int = 0
+    batches: int = 0
+    parse_errors: int = 0
+    finished: bool = False
+
+
+class Source:
+    """Replays a generator or file source in real time at its ``rate``."""
+
+    def __init__(
+        self,
+        spec: SourceSpec,
+        *,
+        base_dir: str | os.PathLike[str],
+        batch_size: int = 1000,
+        tick_s: float = 0.005,
+        overload: str = "block",
+        max_lag_s: float = 1.0,
+        late_ms: float = 100.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if spec.connector == "mqtt":
+            msg = f"source {spec.id!r}: {_MQTT}"
+            raise ExecutionError(msg)
+        if spec.connector not in ("generator", "file"):
+            msg = f"source {spec.id!r}: unknown connector {spec.connector!r}"
+            raise ExecutionError(msg)
+        if overload not in OVERLOAD_POLICIES:
+            msg = f"overload must be one of {', '.join(OVERLOAD_POLICIES)}, got {overload!r}"
+            raise ExecutionError(msg)
+        if batch_size < 1 or not tick_s > 0 or max_lag_s < 0 or late_ms < 0:
+            msg = "need batch_size >= 1, tick_s > 0, max_lag_s >= 0 and late_ms >= 0"
+            raise ExecutionError(msg)
+        self.spec = spec
+        self.stats = SourceStatistics()
+        self.parse_stats = ParseStats()
+        self._base_dir = Path(base_dir)
+        self._batch_size = batch_size
+        self._tick_s = tick_s
+        self._shed = overload == "shed"
+        self._max_lag_s = max_lag_s
+        self._late_s = late_ms / 1000
+        self._clock = clock
+        self._sleep = sleep
+        rate = spec.params.get("rate")
+        speedup = float(spec.params.get("speedup", 1.0))
+        self.rate: float | None = None if rate is None else float(rate) * speedup
+        self._started = False
+
+    def _batches(self) -> Iterator[list[Record]]:
+        p = self.spec.params
+        if self.spec.connector == "generator":
+            kwargs = generator_kwargs(p)
+            return generate_batches(p["dataset"], batch_size=self._batch_size, **kwargs)
+        return source_batches(
+            self.spec,
+            batch_size=self._batch_size,
+            base_dir=self._base_dir,
+            stats=self.parse_stats,
+        )
+
+    async def run(self, emit: Callable[[list[Record]], Awaitable[None]]) -> None:
+        """Hand every record to ``emit`` on schedule; return when the records end.
+
+        Runs once. Cancelling it stops the replay and closes the input.
+        """
+        if self._started:
+            msg = f"source {self.spec.id!r} runs once; make a new Source"
+            raise ExecutionError(msg)
+        self._started = True
+        batches = self._batches()
+        try:
+            await self._replay(batches, emit)
+        finally:
+            if isinstance(batches, Generator):
+                batches.close()
+
+    async def _replay(
+        self, batches: Iterator[list[Record]], emit: Callable[[list[Record]], Awaitable[None]]
+    ) -> None:
+        st = self.stats
+        schedule = ReplaySchedule(self._clock(), self.rate)
+        position = 0  # index of pending[0] in the stream
+        pending: list[Record] = []
+        while True:
+            if not pending:
+                nxt = next(batches, None)
+                st.parse_errors = self.parse_stats.bad
+                if nxt is None:
+                    st.finished = True
+                    return
+                pending = nxt
+                continue
+            now = self._clock()
+            if self._shed:
+                skip = min(len(pending), schedule.overdue(now, self._max_lag_s) - position)
+                if skip > 0:
+                    del pending[:skip]
+                    position += skip
+                    st.shed += skip
+                    continue
+            due = schedule.due(now) - position
+            if due <= 0:
+                await self._sleep(max(self._tick_s, schedule.due_at(position) - now))
+                continue
+            n = min(due, self._batch_size, len(pending))
+            batch = pending[:n]
+            del pending[:n]
+            await emit(batch)
+            late = schedule.overdue(self._clock(), self._late_s) - position
+            st.delayed += min(n, max(0, late))
+            position += n
+            st.emitted += n
+            st.batches += 1
+            await asyncio.sleep(0)  # let others run (and cancel us) when emit never waits
+
+
+@dataclass(slots=True)
+class SinkStatistics:
+    """What a sink has written: records, batches, encoded bytes."""
+
+    records: int = 0
+    batches: int = 0
+    bytes: int = 0
+
+
+class Sink(Protocol):
+    """Where a sink's records go; :func:`open_sink` makes one from its spec."""
+
+    @property
+    def stats(self) -> SinkStatistics: ...
+
+    @property
+    def path(self) -> Path | None:
+        """The file written, or None (stdout)."""
+        ...
+
+    def write(self, records: list[Record]) -> None: ...
+
+    def flush(self) -> None:
+        """Make everything written so far visible to readers."""
+        ...
+
+    def close(self) -> None:
+        """Flush and close; closing again does nothing."""
+        ...
+
+
+def _plain(value: Any) -> Any:
+    """JSON's ``default``: bytes as hex, numpy values as Python ones, else ``str``."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=repr)
+    return str(value)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float (nested too) made None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    if hasattr(value, "tolist"):
+        return _finite(value.tolist())
+    return value
+
+
+def json_line(value: Any) -> str:
+    """One compact JSON line (sorted keys, no newline); bytes hex, NaN and inf null."""
+    try:
+        return json.dumps(
+            value, separators=(",", ":"), sort_keys=True, allow_nan=False, default=_plain
+        )
+    except ValueError:
+        return json.dumps(
+            _finite(value), separators=(",", ":"), sort_keys=True, allow_nan=False, default=_plain
+        )
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else ""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    return json_line(value)
+
+
+class FileSink:
+    """A ``file`` sink: JSONL or CSV (header: the first record's keys, sorted)."""
+
+    def __init__(self, spec: SinkSpec, *, out_dir: str | os.PathLike[str]) -> None:
+        self.id = spec.id
+        self.format: str = spec.params.get("format", "jsonl")
+        if self.format not in ("jsonl", "csv"):
+            msg = f"sink {spec.id!r}: unknown file format {self.format!r}; use jsonl or csv"
+            raise ExecutionError(msg)
+        self.path: Path = Path(out_dir) / spec.params["path"]
+        self.stats = SinkStatistics()
+        self._columns: list[str] | None = None
+        self._closed = False
+        with self._errors("cannot write"):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file: IO[bytes] = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+
+    @contextlib.contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except OSError as e:
+            msg = f"sink {self.id!r}: {what} {os.fspath(self.path)!r}: {e.strerror or e}"
+            raise ExecutionError(msg) from e
+
+    def _encode(self, records: list[Record]) -> str:
+        if self.format == "jsonl":
+            return "".join(json_line(r) + "\n" for r in records)
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        if self._columns is None:
+            self._columns = sorted(records[0])
+            writer.writerow(self._columns)
+        cols = self._columns
+        writer.writerows([_cell(r.get(c)) for c in cols] for r in records)
+        return out.getvalue()
+
+    def write(self, records: list[Record]) -> None:
+        if self._closed:
+            msg = f"sink {self.id!r} is closed"
+            raise ExecutionError(msg)
+        if not records:
+            return
+        data = self._encode(records).encode("utf-8")
+        with self._errors("cannot write"):
+            self._file.write(data)
+        self.stats.records += len(records)
+        self.stats.batches += 1
+        self.stats.bytes += len(data)
+
+    def flush(self) -> None:
+        if not self._closed:
+            with self._errors("cannot write"):
+                self._file.flush()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._errors("cannot write"):
+            self._file.close()
+
+
+class StdoutSink:
+    """The ``stdout`` sink: JSONL lines to a text stream (default ``sys.stdout``)."""
+
+    path: Path | None = None
+
+    def __init__(self, spec: SinkSpec, *, stream: TextIO | None = None) -> None:
+        self.id = spec.id
+        self.stats = SinkStatistics()
+        self._stream = stream if stream is not None else sys.stdout
+        self._closed = False
+
+    def write(self, records: list[Record]) -> None:
+        if self._closed:
+            msg = f"sink {self.id!r} is closed"
+            raise ExecutionError(msg)
+        if not records:
+            return
+        text = "".join(json_line(r) + "\n" for r in records)
+        self._stream.write(text)
+        self.stats.records += len(records)
+        self.stats.batches += 1
+        self.stats.bytes += len(text.encode("utf-8"))
+
+    def flush(self) -> None:
+        if not self._closed:
+            self._stream.flush()
+
+    def close(self) -> None:
+        """Flush; the stream stays open (it is not ours)."""
+        if not self._closed:
+            self._stream.flush()
+            self._closed = True
+
+
+def open_sink(
+    spec: SinkSpec, *, out_dir: str | os.PathLike[str], stdout: TextIO | None = None
+) -> Sink:
+    """The sink ``spec`` describes; a relative file ``path`` is under ``out_dir``."""
+    if spec.connector == "file":
+        return FileSink(spec, out_dir=out_dir)
+    if spec.connector == "stdout":
+        return StdoutSink(spec, stream=stdout)
+    if spec.connector == "mqtt":
+        msg = f"sink {spec.id!r}: {_MQTT}"
+        raise ExecutionError(msg)
+    msg = f"sink {spec.id!r}: unknown connector {spec.connector!r}"
+    raise ExecutionError(msg)

@@ -1,0 +1,32 @@
+"""Errors of a peer's application runtime (all under :class:`~agiledart.app.errors.AppError`).
+
+::
+
+    AppError
+    ├── UnknownApp      no app with that id (in the records store)
+    ├── CodeError       a code id that is not registered, or a module that does not load
+    ├── StoreError      the records store could not read or write a record
+    └── DeployError     an app could not be placed or deployed (nothing is left running)
+"""
+
+from __future__ import annotations
+
+from agiledart.app.errors import AppError
+
+__all__ = ["CodeError", "DeployError", "StoreError", "UnknownApp"]
+
+
+class UnknownApp(AppError):
+    """No app with that id."""
+
+
+class CodeError(AppError):
+    """Registered code that is missing, corrupt, or does not define what is asked."""
+
+
+class StoreError(AppError):
+    """A record could not be stored or fetched."""
+
+
+class DeployError(AppError):
+    """Placement or deployment failed; every instance already deployed was torn down."""

@@ -1,0 +1,654 @@
+"""One peer's part of a running app: its sources, operators and sinks, and the edges
+between them and the other peers' parts.
+
+Theory of operation
+-------------------
+The scheduler sends every hosting peer the same :class:`Deployment` (spec, which peer
+hosts each node, peer addresses). Each peer builds an :class:`AppInstance` from it:
+
+* **Tasks.** Every local source runs in its own task (the connector paces it). The
+  local operators are split into *segments*: connected groups of operators joined by
+  local edges, each driven by one :class:`~agiledart.app.local.Executor` in one task
+  that owns an inbox. A segment through which a path leaves the peer and comes back is
+  split into single operators, so no task ever waits on a peer that waits on it (tasks
+  form a DAG like the app, so back-pressure cannot deadlock).
+* **Edges.** Records for a node on another peer leave through an :class:`OutEdge`
+  (one per producer and destination peer): batches of up to ``batch_records`` records,
+  flushed when full or ``linger_s`` after the first record waited (whichever comes
+  first), sent as one-way ``data`` frames, each costing one credit. The receiver puts
+  the batch in the consuming segments' inboxes and sends one ``credit`` back when all
+  of them have processed it, so each edge holds at most ``credits`` batches in
+  flight and the receiver's memory is bounded whatever the input rate. Watermarks
+  follow the data of their edge in order (``wm`` frames, no credit).
+* **Back-pressure.** A segment waiting for credit stops draining its inbox; the
+  senders feeding it run out of credit; a local source waiting on a full inbox or an
+  edge falls behind its schedule: its connector counts the records as delayed, or sheds
+  them under the ``shed`` overload policy. Nothing grows without bound.
+* **Traces.** Sources mark ~5% of records with a trace (id, source wall-clock ms).
+  Traces travel beside the records (batch field ``t``); a trace entering a segment is
+  attached to what that call emits, so it survives stateless operators and running
+  aggregates; results fired by a watermark carry the watermark's own source time. A
+  sink records ``now - source time`` as end-to-end latency.
+* **End.** A local sink is done when every one of its inputs delivered the final
+  watermark; it flushes, and the instance reports it to the scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agiledart.app.errors import ExecutionError
+from agiledart.app.functions import Resolver
+from agiledart.app.local import Emission, Executor
+from agiledart.app.spec import AppSpec
+from agiledart.dataplane import CreditWindow
+from agiledart.operators import BoundedOutOfOrderness
+from agiledart.operators.base import FINAL_WATERMARK, Record
+from agiledart.overlay.errors import MalformedError, OverlayError
+from agiledart.overlay.tcp import ConnectionInfo
+from agiledart.runtime.connectors import Sink, Source, open_sink
+from agiledart.runtime.links import Address, Links
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AppInstance", "Deployment", "InstanceOptions", "OutEdge"]
+
+#: (trace id, source wall-clock ms); trace id 0 marks a watermark's source time
+TraceTag = tuple[int, float]
+
+
+def now_ms() -> float:
+    return time.time() * 1000.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstanceOptions:
+    batch_records: int = 1000  #: records per data frame, at most
+    linger_s: float = 0.005  #: a partial batch leaves this long after its first record
+    credits: int = 8  #: batches in flight per edge
+    source_queue: int = 4  #: source batches waiting in a segment's inbox, at most
+    trace_rate: float = 0.05
+    overload: str = "block"  #: block | shed, for sources that fall behind
+
+
+@dataclass(frozen=True, kw_only=True)
+class Deployment:
+    """What the scheduler tells every hosting peer."""
+
+    app_id: str
+    spec: AppSpec
+    hosts: dict[str, tuple[str, ...]]  #: node id -> peer names hosting it
+    addresses: dict[str, Address]  #: peer name -> address
+    scheduler: Address
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "app_id": self.app_id,
+            "spec": self.spec.to_dict(),
+            "hosts": {k: list(v) for k, v in self.hosts.items()},
+            "addresses": {k: list(v) for k, v in self.addresses.items()},
+            "scheduler": list(self.scheduler),
+        }
+
+    @classmethod
+    def from_wire(cls, raw: dict[str, Any], parse: Callable[[Any], AppSpec]) -> Deployment:
+        try:
+            return cls(
+                app_id=str(raw["app_id"]),
+                spec=parse(raw["spec"]),
+                hosts={str(k): tuple(map(str, v)) for k, v in raw["hosts"].items()},
+                addresses={str(k): (str(v[0]), int(v[1])) for k, v in raw["addresses"].items()},
+                scheduler=(str(raw["scheduler"][0]), int(raw["scheduler"][1])),
+            )
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            msg = f"malformed deployment: {type(exc).__name__}: {exc}"
+            raise ExecutionError(msg) from exc
+
+
+@dataclass
+class EdgeStatistics:
+    records: int = 0
+    batches: int = 0
+    credit_waits: int = 0
+
+
+class OutEdge:
+    """Records from one local node to its consumers on one other peer."""
+
+    def __init__(
+        self,
+        *,
+        app_id: str,
+        producer: str,
+        sender: str,
+        dest: str,
+        address: Address,
+        links: Links,
+        options: InstanceOptions,
+        spawn: Callable[[Awaitable[None]], Any],
+    ) -> None:
+        self.app_id = app_id
+        self.producer = producer
+        self.dest = dest
+        self.address = address
+        self.id = f"{producer}|{sender}"
+        self.links = links
+        self.options = options
+        self.window = CreditWindow(options.credits)
+        self.stats = EdgeStatistics()
+        self._credit = asyncio.Event()
+        self._credit.set()
+        self._pending: list[Record] = []
+        self._traces: list[list[Any]] = []
+        self._lock = asyncio.Lock()
+        self._seq = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._spawn = spawn
+
+    def grant(self, n: int) -> None:
+        self.window.grant(n)
+        self._credit.set()
+
+    async def send(self, records: list[Record], traces: list[TraceTag]) -> None:
+        if not records:
+            return
+        base = len(self._pending)
+        self._pending.extend(records)
+        for i, (tid, ts) in enumerate(traces):
+            self._traces.append([base + min(i, len(records) - 1), tid, ts])
+        if len(self._pending) >= self.options.batch_records:
+            await self.flush()
+        elif self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self.options.linger_s, self._linger)
+
+    def _linger(self) -> None:
+        self._timer = None
+        if self._pending:
+            self._spawn(self.flush())
+
+    async def flush(self) -> None:
+        async with self._lock:
+            while self._pending:
+                size = self.options.batch_records
+                records, self._pending = self._pending[:size], self._pending[size:]
+                traces = [t for t in self._traces if t[0] < size]
+                self._traces = [[t[0] - size, t[1], t[2]] for t in self._traces if t[0] >= size]
+                await self._send_batch(records, traces)
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+    async def _send_batch(self, records: list[Record], traces: list[list[Any]]) -> None:
+        while not self.window.can_send():
+            self.stats.credit_waits += 1
+            self._credit.clear()
+            await self._credit.wait()
+        self.window.consume()
+        batch: dict[str, Any] = {"e": self.id, "s": self._seq, "r": records}
+        if traces:
+            batch["t"] = traces
+        self._seq += 1
+        client = await self.links.client(self.address)
+        await client.send("data", {"a": self.app_id, "p": self.producer, "b": batch})
+        self.stats.records += len(records)
+        self.stats.batches += 1
+
+    async def watermark(self, wm: int, wall: float) -> None:
+        await self.flush()
+        async with self._lock:
+            client = await self.links.client(self.address)
+            await client.send("wm", {"a": self.app_id, "p": self.producer, "w": wm, "c": wall})
+
+
+@dataclass
+class _Item:
+    """An inbox entry: a batch or a watermark from ``producer``."""
+
+    producer: str
+    records: list[Record] | None
+    traces: list[TraceTag]
+    wm: int = 0
+    wall: float = 0.0
+    ack: _Ack | None = None
+    local: bool = False
+
+
+@dataclass
+class _Ack:
+    """Send one credit back when every segment given the batch has processed it."""
+
+    conn: ConnectionInfo
+    app_id: str
+    edge: str
+    waiting: int
+
+    async def done(self) -> None:
+        self.waiting -= 1
+        if self.waiting == 0:
+            with contextlib.suppress(OverlayError):
+                await self.conn.send("credit", {"a": self.app_id, "e": self.edge, "n": 1})
+
+
+@dataclass
+class SinkState:
+    sink: Sink
+    inputs: dict[str, int]  #: input id -> watermark
+    done: bool = False
+    latencies: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=4096)
+    )
+
+
+class Segment:
+    """Connected local operators, one executor, one task, one inbox."""
+
+    def __init__(self, ops: list[str], executor: Executor) -> None:
+        self.ops = ops
+        self.executor = executor
+        self.inbox: collections.deque[_Item] = collections.deque()
+        self.wake = asyncio.Event()
+        self.room = asyncio.Event()
+        self.room.set()
+        self.local_items = 0
+        self.processed = 0
+
+
+class AppInstance:
+    def __init__(
+        self,
+        deployment: Deployment,
+        *,
+        me: str,
+        links: Links,
+        resolve: Resolver,
+        state_dir: Path,
+        options: InstanceOptions | None = None,
+        on_sink_done: Callable[[str, dict[str, Any]], Awaitable[None]],
+        on_failed: Callable[[str], Awaitable[None]],
+    ) -> None:
+        self.deployment = d = deployment
+        self.app_id = d.app_id
+        self.spec = spec = d.spec
+        self.me = me
+        self.links = links
+        self.options = options or InstanceOptions()
+        self.on_sink_done = on_sink_done
+        self.on_failed = on_failed
+        self.started_at = time.monotonic()
+        self.rng = random.Random()
+        self._group: asyncio.TaskGroup | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._started = asyncio.Event()
+        self.failure: str | None = None
+
+        here = {n for n, peers in d.hosts.items() if me in peers}
+        self.local_ops = [o.id for o in spec.operators if o.id in here]
+        self.segments: list[Segment] = []
+        self.segment_of: dict[str, Segment] = {}
+        for ops in _segments(spec, set(self.local_ops)):
+            seg = Segment(ops, Executor(spec, resolve, operators=ops))
+            self.segments.append(seg)
+            for op in ops:
+                self.segment_of[op] = seg
+        out_dir = state_dir / "output" / self.app_id
+        self.sinks: dict[str, SinkState] = {
+            k.id: SinkState(open_sink(k, out_dir=out_dir), dict.fromkeys(k.inputs, -(2**63)))
+            for k in spec.sinks
+            if k.id in here
+        }
+        self.sources = {
+            s.id: Source(
+                s, base_dir=state_dir, overload=s.params.get("overload", self.options.overload)
+            )
+            for s in spec.sources
+            if s.id in here
+        }
+        #: producer id -> local consumers (segments, sinks)
+        self.consumers: dict[str, tuple[list[Segment], list[str]]] = {}
+        for ospec in spec.operators:
+            into = self.segment_of.get(ospec.id)
+            for src in ospec.inputs:
+                if into is not None and self.segment_of.get(src) is not into:
+                    segs = self.consumers.setdefault(src, ([], []))[0]
+                    if into not in segs:
+                        segs.append(into)
+        for sink in spec.sinks:
+            if sink.id in self.sinks:
+                for src in sink.inputs:
+                    self.consumers.setdefault(src, ([], []))[1].append(sink.id)
+        #: local producer -> edges to the peers hosting its remote consumers
+        self.edges: dict[str, list[OutEdge]] = {}
+        self.edge_by_id: dict[str, OutEdge] = {}
+        for producer in [*self.sources, *self.local_ops]:
+            dests: list[str] = []
+            for node_id, inputs in _fed(spec):
+                if producer in inputs:
+                    for peer in d.hosts[node_id]:
+                        if peer != me and peer not in dests:
+                            dests.append(peer)
+            for peer in dests:
+                edge = OutEdge(
+                    app_id=self.app_id,
+                    producer=producer,
+                    sender=me,
+                    dest=peer,
+                    address=d.addresses[peer],
+                    links=links,
+                    options=self.options,
+                    spawn=self._spawn,
+                )
+                self.edges.setdefault(producer, []).append(edge)
+                self.edge_by_id[f"{edge.id}>{peer}"] = edge
+        self.received: collections.Counter[str] = collections.Counter()
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def launch(self, group: asyncio.TaskGroup) -> None:
+        """Start the segments (they wait for input); sources wait for :meth:`start`."""
+        self._runner = group.create_task(self._run(), name=f"app {self.app_id}")
+
+    def start_sources(self) -> None:
+        self._started.set()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            self._runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._runner
+        self._close_sinks()
+
+    def _close_sinks(self) -> None:
+        for state in self.sinks.values():
+            with contextlib.suppress(OSError):
+                state.sink.close()
+
+    def _spawn(self, coro: Awaitable[None]) -> Any:
+        if self._group is None:
+            close = getattr(coro, "close", None)
+            if close is not None:
+                close()
+            return None
+        return self._group.create_task(coro)  # type: ignore[arg-type]
+
+    async def _run(self) -> None:
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                for seg in self.segments:
+                    group.create_task(self._segment_loop(seg))
+                for sid, source in self.sources.items():
+                    group.create_task(self._source_loop(sid, source))
+        except* Exception as eg:
+            exc = eg.exceptions[0]
+            self.failure = f"{type(exc).__name__}: {exc}"
+            log.error("app %s failed on %s: %s", self.app_id, self.me, self.failure)
+        finally:
+            self._group = None
+            self._close_sinks()
+        if self.failure is not None:
+            await self.on_failed(self.failure)
+
+    # -- sources ----------------------------------------------------------------------
+
+    async def _source_loop(self, sid: str, source: Source) -> None:
+        await self._started.wait()
+        wmgen = BoundedOutOfOrderness(source.spec.params.get("out_of_order_ms", 0))
+
+        async def emit(records: list[Record]) -> None:
+            traces = self._sample(len(records))
+            await self._deliver(sid, records, traces, local=True)
+            wm = wmgen.observe(records)
+            if wm is not None:
+                await self._deliver_wm(sid, wm, now_ms(), local=True)
+
+        await source.run(emit)
+        await self._deliver_wm(sid, wmgen.finish(), now_ms(), local=True)
+        for edge in self.edges.get(sid, ()):
+            await edge.flush()
+
+    def _sample(self, n: int) -> list[TraceTag]:
+        expected = n * self.options.trace_rate
+        k = int(expected) + (1 if self.rng.random() < expected - int(expected) else 0)
+        if not k:
+            return []
+        ts = now_ms()
+        return [(self.rng.getrandbits(62) + 1, ts) for _ in range(k)]
+
+    async def _deliver(
+        self, producer: str, records: list[Record], traces: list[TraceTag], *, local: bool
+    ) -> None:
+        """A local node's output: to local sinks, consuming segments, remote peers."""
+        segs, sinks = self.consumers.get(producer, ((), ()))
+        for sink in sinks:
+            self._write_sink(sink, records, traces)
+        for seg in segs:
+            await self._put_local(seg, _Item(producer, records, traces, local=True))
+        for edge in self.edges.get(producer, ()):
+            await edge.send(records, traces)
+
+    async def _deliver_wm(self, producer: str, wm: int, wall: float, *, local: bool) -> None:
+        segs, sinks = self.consumers.get(producer, ((), ()))
+        for sink in sinks:
+            await self._sink_wm(sink, producer, wm)
+        for seg in segs:
+            await self._put_local(seg, _Item(producer, None, [], wm=wm, wall=wall, local=True))
+        for edge in self.edges.get(producer, ()):
+            await edge.watermark(wm, wall)
+
+    async def _put_local(self, seg: Segment, item: _Item) -> None:
+        while seg.local_items >= self.options.source_queue:
+            seg.room.clear()
+            await seg.room.wait()
+        seg.local_items += 1
+        seg.inbox.append(item)
+        seg.wake.set()
+
+    # -- remote input -----------------------------------------------------------------
+
+    def accept_data(self, producer: str, batch: dict[str, Any], conn: ConnectionInfo) -> None:
+        """A batch from another peer: into the consuming segments' inboxes, now."""
+        records, traces = _records_and_traces(batch)
+        self.received[producer] += len(records)
+        segs, sinks = self.consumers.get(producer, ((), ()))
+        for sink in sinks:
+            self._write_sink(sink, records, traces)
+        edge = str(batch["e"])
+        if not segs:
+            self._spawn(_Ack(conn, self.app_id, edge, 1).done())
+            return
+        ack = _Ack(conn, self.app_id, edge, len(segs))
+        for seg in segs:
+            if len(seg.inbox) > 4 * self.options.credits * max(1, len(self.consumers)) + 64:
+                msg = f"app {self.app_id}: {conn.peer_name} sent beyond its credit"
+                raise MalformedError(msg)
+            seg.inbox.append(_Item(producer, records, traces, ack=ack))
+            seg.wake.set()
+
+    async def accept_wm(self, producer: str, wm: int, wall: float) -> None:
+        segs, sinks = self.consumers.get(producer, ((), ()))
+        for sink in sinks:
+            await self._sink_wm(sink, producer, wm)
+        for seg in segs:
+            seg.inbox.append(_Item(producer, None, [], wm=wm, wall=wall))
+            seg.wake.set()
+
+    def grant(self, edge_key: str, n: int) -> bool:
+        edge = self.edge_by_id.get(edge_key)
+        if edge is None:
+            return False
+        edge.grant(n)
+        return True
+
+    # -- segments ---------------------------------------------------------------------
+
+    async def _segment_loop(self, seg: Segment) -> None:
+        ex = seg.executor
+        while True:
+            while not seg.inbox:
+                seg.wake.clear()
+                await seg.wake.wait()
+            item = seg.inbox.popleft()
+            if item.local:
+                seg.local_items -= 1
+                seg.room.set()
+            if item.records is not None:
+                emitted = ex.feed(item.producer, item.records)
+                await self._forward(emitted, item.traces)
+            else:
+                emitted = ex.watermark(item.producer, item.wm)
+                await self._forward(emitted, [(0, item.wall)], wall=item.wall)
+            seg.processed += 1
+            if item.ack is not None:
+                await item.ack.done()
+
+    async def _forward(
+        self, emitted: list[Emission], traces: list[TraceTag], *, wall: float | None = None
+    ) -> None:
+        for node, what in emitted:
+            if isinstance(what, list):
+                await self._deliver(node, what, traces, local=True)
+            else:
+                await self._deliver_wm(node, what, now_ms() if wall is None else wall, local=True)
+
+    # -- sinks ------------------------------------------------------------------------
+
+    def _write_sink(self, sink_id: str, records: list[Record], traces: list[TraceTag]) -> None:
+        state = self.sinks[sink_id]
+        state.sink.write(records)
+        if traces:
+            now = now_ms()
+            state.latencies.extend(now - ts for _, ts in traces)
+
+    async def _sink_wm(self, sink_id: str, producer: str, wm: int) -> None:
+        state = self.sinks[sink_id]
+        if producer in state.inputs and wm > state.inputs[producer]:
+            state.inputs[producer] = wm
+        if state.done or any(w < FINAL_WATERMARK for w in state.inputs.values()):
+            return
+        state.done = True
+        state.sink.flush()
+        await self.on_sink_done(sink_id, self.sink_info(sink_id))
+
+    # -- statistics -------------------------------------------------------------------
+
+    def sink_info(self, sink_id: str) -> dict[str, Any]:
+        state = self.sinks[sink_id]
+        lat = sorted(state.latencies)
+        path = state.sink.path
+        return {
+            "records": state.sink.stats.records,
+            "done": state.done,
+            "path": None if path is None else str(path),
+            "latency_p50_ms": _quantile(lat, 0.5),
+            "latency_p99_ms": _quantile(lat, 0.99),
+            "latency_samples": len(lat),
+        }
+
+    def statistics(self) -> dict[str, Any]:
+        ops: dict[str, Any] = {}
+        for seg in self.segments:
+            for name, op in seg.executor.operators.items():
+                ops[name] = {**_op_stats(op), "queued": len(seg.inbox)}
+        return {
+            "peer": self.me,
+            "uptime_s": round(time.monotonic() - self.started_at, 3),
+            "failure": self.failure,
+            "sources": {sid: dataclasses.asdict(src.stats) for sid, src in self.sources.items()},
+            "operators": ops,
+            "sinks": {k: self.sink_info(k) for k in self.sinks},
+            "edges": {
+                f"{e.producer}>{e.dest}": {
+                    **dataclasses.asdict(e.stats),
+                    "credit": e.window.available,
+                }
+                for es in self.edges.values()
+                for e in es
+            },
+            "received": dict(self.received),
+        }
+
+
+def _op_stats(op: Any) -> dict[str, Any]:
+    return {k: v for k, v in op.stats.as_dict().items() if isinstance(v, int | float)}
+
+
+def _quantile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3)
+
+
+def _records_and_traces(batch: dict[str, Any]) -> tuple[list[Record], list[TraceTag]]:
+    records = batch.get("r")
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        msg = "data batch records must be a list of maps"
+        raise MalformedError(msg)
+    traces: list[TraceTag] = []
+    for t in batch.get("t", ()) or ():
+        if isinstance(t, list) and len(t) == 3 and isinstance(t[2], int | float):
+            traces.append((int(t[1]) if isinstance(t[1], int) else 0, float(t[2])))
+    return records, traces
+
+
+def _segments(spec: AppSpec, local: set[str]) -> list[list[str]]:
+    """Local operators grouped by local edges; a group a path re-enters is split."""
+    parent = {o: o for o in local}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for o in spec.operators:
+        if o.id in local:
+            for src in o.inputs:
+                if src in local:
+                    parent[find(src)] = find(o.id)
+    groups: dict[str, list[str]] = {}
+    for o in spec.operators:  # declaration order within a group
+        if o.id in local:
+            groups.setdefault(find(o.id), []).append(o.id)
+    consumers: dict[str, list[str]] = {}
+    for node_id, inputs in _fed(spec):
+        for src in inputs:
+            consumers.setdefault(src, []).append(node_id)
+    out: list[list[str]] = []
+    for members in groups.values():
+        inside = set(members)
+        if _reenters(inside, consumers):
+            out.extend([m] for m in members)
+        else:
+            out.append(members)
+    return out
+
+
+def _fed(spec: AppSpec) -> list[tuple[str, tuple[str, ...]]]:
+    """``(id, inputs)`` of every operator and sink."""
+    return [(o.id, o.inputs) for o in spec.operators] + [(k.id, k.inputs) for k in spec.sinks]
+
+
+def _reenters(inside: set[str], consumers: dict[str, list[str]]) -> bool:
+    """Whether some path leaves ``inside`` and comes back into it."""
+    seen: set[str] = set()
+    stack = [c for n in inside for c in consumers.get(n, ()) if c not in inside]
+    while stack:
+        n = stack.pop()
+        if n in inside:
+            return True
+        if n in seen:
+            continue
+        seen.add(n)
+        stack.extend(consumers.get(n, ()))
+    return False

@@ -1,0 +1,75 @@
+"""Outgoing frame connections to other peers, one per address, shared by everything.
+
+Control requests (deploy, store, stats) and data (batches, watermarks) to a peer use
+the same :class:`~agiledart.overlay.tcp.FrameClient`, so one TCP connection per pair of
+peers carries every app's traffic in order. A broken connection is dropped and the next
+use reconnects. Credits come back over the connection they were earned on: the stream
+handlers registered with :meth:`Links.on_stream` are installed on every client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+from agiledart.overlay.auth import ClusterKey
+from agiledart.overlay.tcp import FrameClient, StreamHandler
+
+__all__ = ["Address", "Links"]
+
+Address = tuple[str, int]
+
+
+class Links:
+    def __init__(self, key: ClusterKey, name: str, *, connect_timeout: float = 5.0) -> None:
+        self.key = key
+        self.name = name
+        self.connect_timeout = connect_timeout
+        self._clients: dict[Address, FrameClient] = {}
+        self._connecting: dict[Address, asyncio.Lock] = {}
+        self._streams: dict[str, StreamHandler] = {}
+
+    def on_stream(self, type: str, handler: StreamHandler) -> None:
+        self._streams[type] = handler
+        for client in self._clients.values():
+            client.on_stream(type, handler)
+
+    async def client(self, address: Address) -> FrameClient:
+        """The open connection to ``address``, connecting if needed (PeerUnreachable)."""
+        client = self._clients.get(address)
+        if client is not None and not client.closed:
+            return client
+        lock = self._connecting.setdefault(address, asyncio.Lock())
+        async with lock:
+            client = self._clients.get(address)
+            if client is not None and not client.closed:
+                return client
+            if client is not None:
+                await client.aclose()
+            host, port = address
+            client = await FrameClient.connect(
+                host, port, key=self.key, name=self.name, timeout=self.connect_timeout
+            )
+            for type, handler in self._streams.items():
+                client.on_stream(type, handler)
+            self._clients[address] = client
+            return client
+
+    async def request(
+        self,
+        address: Address,
+        type: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        timeout: float = 10.0,
+    ) -> Any:
+        client = await self.client(address)
+        return await client.request(type, body, timeout=timeout)
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            with contextlib.suppress(Exception):
+                await client.aclose()

@@ -1,0 +1,278 @@
+"""Data-plane throughput: agiledart peers beside Bytewax and raw TCP, in the same run.
+
+The pipeline is the bundled ``throughput`` app (``agiledart/apps/throughput.yaml``):
+``urban`` sensor readings (seed 1, rate 100,000/s) -> filter ``value > -100`` ->
+map ``value * 1.8 + 32`` -> running sum of ``value`` per city, one output per record
+that passes the filter. Figures, all measured here, side by side:
+
+* ``single_peer_tps`` / ``three_peer_tps`` (+ ``p50_ms``, ``p99_ms`` end-to-end
+  latency): input records/s through real agiledart peers (the engine half).
+* ``bytewax_tps``: the same pipeline as a Bytewax 0.21.1 dataflow (``run_main``, one
+  worker) in a child process, over records materialised before the clock starts; the
+  anchor for one peer (``ratio_vs_bytewax``). Needs the ``bench`` extra; null without.
+* ``raw_tcp_tps``: the transport ceiling. Two processes on 127.0.0.1, asyncio streams
+  (uvloop where available, as peers use), msgpack batches of such records in 4-byte
+  big-endian length-prefixed frames, every frame unpacked by the receiver; records/s
+  at the receiver from first byte to last record.
+
+As every benchmark (DESIGN, BENCHMARKS.md): runnable on 2 cores, one JSON object on the
+last line with ``--json``; progress goes to stderr.
+
+    python scripts/bench_pipeline.py [--records N] [--json] [--skip-engine]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import msgpack
+
+from agiledart.datasets import CHUNK, generate_batches
+
+#: The generator source of agiledart/apps/throughput.yaml.
+DATASET: dict[str, Any] = {"dataset": "urban", "seed": 1, "rate": 100_000}
+THRESHOLD, FACTOR, OFFSET = -100.0, 1.8, 32.0  # builtin:above, builtin:scale
+
+
+def log(msg: str) -> None:
+    print(f"[bench_pipeline] {msg}", file=sys.stderr, flush=True)
+
+
+def records(n: int, batch: int = CHUNK) -> list[list[dict[str, Any]]]:
+    """The throughput app's first ``n`` input records, in batches of ``batch``."""
+    return list(generate_batches(**DATASET, count=n, batch_size=batch))
+
+
+def _child(*args: str) -> dict[str, Any]:
+    """Run this script's hidden ``--child`` mode; its last stdout line is JSON."""
+    cmd = [sys.executable, __file__, "--child", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        msg = f"{' '.join(args)} child failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+        raise RuntimeError(msg)
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _run(coro: Coroutine[Any, Any, Any]) -> Any:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+# -- engine (to be wired) ---------------------------------------------------------------
+
+
+def bench_engine_single(n: int) -> float:
+    """Input records/s of the throughput app on one agiledart peer."""
+    raise NotImplementedError("engine half: to be wired")
+
+
+def bench_engine_three(n: int) -> dict[str, float]:
+    """``{"tps", "p50_ms", "p99_ms"}`` of the throughput app across three peers."""
+    raise NotImplementedError("engine half: to be wired")
+
+
+# -- Bytewax anchor ---------------------------------------------------------------------
+
+
+def bench_bytewax(n: int) -> float:
+    """Input records/s of the pipeline in Bytewax (a child process, one worker)."""
+    if importlib.util.find_spec("bytewax") is None:
+        msg = "bytewax is not installed (pip install -e '.[bench]')"
+        raise ModuleNotFoundError(msg)
+    out = _child("bytewax", str(n))
+    if not 0 < out["outputs"] == out["expected"]:
+        msg = f"bytewax emitted {out['outputs']} records, expected {out['expected']}"
+        raise RuntimeError(msg)
+    return float(n / out["seconds"])
+
+
+def _bytewax_child(n: int) -> dict[str, Any]:
+    import bytewax.operators as op
+    from bytewax.dataflow import Dataflow
+    from bytewax.outputs import DynamicSink, StatelessSinkPartition
+    from bytewax.testing import TestingSource
+    from bytewax.testing import run_main as untyped_run_main
+
+    data = [r for batch in records(n) for r in batch]
+    expected = sum(r["value"] > THRESHOLD for r in data)
+    seen = [0]
+
+    class Count(StatelessSinkPartition[Any]):
+        def write_batch(self, items: list[Any]) -> None:
+            seen[0] += len(items)
+
+    class CountSink(DynamicSink[Any]):
+        def build(self, step_id: str, worker_index: int, worker_count: int) -> Count:
+            return Count()
+
+    def scale(r: dict[str, Any]) -> dict[str, Any]:
+        out = r.copy()
+        out["value"] = r["value"] * FACTOR + OFFSET
+        return out
+
+    def running_sum(acc: float | None, r: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        s = (acc or 0) + r["value"]
+        return s, {"key": r["city"], "value": s, "ts": r["ts"]}
+
+    flow = Dataflow("throughput")
+    s = op.input("readings", flow, TestingSource(data, batch_size=CHUNK))
+    s = op.filter("plausible", s, lambda r: r["value"] > THRESHOLD)
+    s = op.map("fahrenheit", s, scale)
+    keyed = op.key_on("city", s, lambda r: r["city"])
+    op.output("totals", op.stateful_map("per-city", keyed, running_sum), CountSink())
+    run_main: Callable[[Dataflow], None] = untyped_run_main  # untyped upstream
+    start = time.perf_counter()
+    run_main(flow)
+    return {"seconds": time.perf_counter() - start, "outputs": seen[0], "expected": expected}
+
+
+# -- raw TCP anchor ---------------------------------------------------------------------
+
+
+def bench_raw_tcp(n: int, batch: int = 1000) -> float:
+    """Records/s of msgpack batches over loopback TCP, unpacked by a receiver process."""
+    frames = []
+    for recs in records(n, batch):
+        payload = msgpack.packb(recs)
+        frames.append(len(payload).to_bytes(4, "big") + payload)
+    cmd = [sys.executable, __file__, "--child", "raw-tcp", str(n)]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        try:
+            _run(_send(int(proc.stdout.readline()), frames))
+            out, _ = proc.communicate(timeout=600)
+        except BaseException:
+            proc.kill()  # it would wait for a connection forever
+            raise
+    if proc.returncode != 0:
+        msg = f"raw-tcp receiver failed ({proc.returncode})"
+        raise RuntimeError(msg)
+    result = json.loads(out.strip().splitlines()[-1])
+    if result["records"] != n:
+        msg = f"receiver counted {result['records']} records, sent {n}"
+        raise RuntimeError(msg)
+    return float(n / result["seconds"])
+
+
+async def _send(port: int, frames: list[bytes]) -> None:
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    for frame in frames:
+        writer.write(frame)
+        if writer.transport.get_write_buffer_size() > 4 << 20:
+            await writer.drain()
+    await writer.drain()
+    writer.close()
+    await writer.wait_closed()
+
+
+class _Receiver(asyncio.Protocol):
+    def __init__(self, done: asyncio.Future[None]) -> None:
+        self.done, self.buf, self.records = done, bytearray(), 0
+        self.first = self.last = 0.0
+
+    def data_received(self, data: bytes) -> None:
+        if not self.first:
+            self.first = time.perf_counter()
+        buf = self.buf
+        buf += data
+        pos, end, unpackb = 0, len(buf), msgpack.unpackb
+        with memoryview(buf) as view:
+            while end - pos >= 4:
+                size = int.from_bytes(view[pos : pos + 4], "big")
+                if end - pos - 4 < size:
+                    break
+                self.records += len(unpackb(view[pos + 4 : pos + 4 + size]))
+                pos += 4 + size
+        del buf[:pos]
+        self.last = time.perf_counter()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+async def _receive() -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    proto = _Receiver(done)
+    server = await loop.create_server(lambda: proto, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await done
+    server.close()
+    return {"records": proto.records, "seconds": proto.last - proto.first}
+
+
+# -- harness ----------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000, help="input records")
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    parser.add_argument("--skip-engine", action="store_true", help="only the anchors")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        kind, n = args.child[0], int(args.child[1])
+        print(json.dumps(_bytewax_child(n) if kind == "bytewax" else _run(_receive())))
+        return 0
+
+    n = args.records
+    single = three_tps = p50 = p99 = bytewax = None
+    if not args.skip_engine:
+        try:
+            log(f"engine, one peer: {n:,} records")
+            single = bench_engine_single(n)
+            log(f"engine, three peers: {n:,} records")
+            three = bench_engine_three(n)
+            three_tps, p50, p99 = three["tps"], three["p50_ms"], three["p99_ms"]
+        except NotImplementedError as e:
+            log(f"engine skipped: {e}")
+    log(f"bytewax: {n:,} records")
+    try:
+        bytewax = bench_bytewax(n)
+    except ModuleNotFoundError as e:
+        log(f"bytewax skipped: {e}")
+    log(f"raw tcp: {n:,} records")
+    raw = bench_raw_tcp(n)
+
+    def tps(x: float | None) -> int | None:
+        return None if x is None else round(x)
+
+    def ms(x: float | None) -> float | None:
+        return None if x is None else round(x, 2)
+
+    report = {
+        "single_peer_tps": tps(single),
+        "bytewax_tps": tps(bytewax),
+        "ratio_vs_bytewax": None if single is None or not bytewax else round(single / bytewax, 2),
+        "three_peer_tps": tps(three_tps),
+        "p50_ms": ms(p50),
+        "p99_ms": ms(p99),
+        "raw_tcp_tps": tps(raw),
+        "records": n,
+        "python": platform.python_version(),
+    }
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for key, value in report.items():
+            print(f"{key:>16}: {value:,}" if isinstance(value, int) else f"{key:>16}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

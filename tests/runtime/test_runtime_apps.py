@@ -1,0 +1,296 @@
+"""Apps end to end on 8 real peer processes, submitted with the CLI.
+
+Every app goes in through ``edge-3``, a peer that is neither a source nor a sink of
+any of them; sink files are read where the sink peers wrote them and compared with
+the plain-Python reference over the same generated input, exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.processes import cli, cli_json, clusters, poll
+
+from agiledart import apps
+from agiledart.app import AppSpec, load_spec, parse_spec
+from agiledart.app.reference import canonical, reference_outputs
+from agiledart.datasets import read_file
+from agiledart.emulate import LocalCluster
+from agiledart.runtime.connectors import open_sink
+
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
+
+HERE = Path(__file__).parent
+VIA = 6  # edge-3: 127.0.0.8
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with clusters(tmp_path_factory.mktemp("site")) as make:
+        cluster = make(8)
+        import asyncio
+
+        asyncio.run(cluster.wait_formed())
+        yield cluster
+
+
+def via(cluster: LocalCluster) -> list[str]:
+    return ["--via", "{}:{}".format(*cluster.address(VIA))]
+
+
+def quick(spec: AppSpec, seconds: float = 1.5) -> list[str]:
+    """Overrides replaying every source within about ``seconds`` of wall time."""
+    out = []
+    for s in spec.sources:
+        count, rate = s.params.get("count"), s.params.get("rate")
+        if count and rate:
+            out.append(f"sources.{s.id}.params.speedup={max(1.0, count / rate / seconds):.3f}")
+    return out
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def log_sizes(cluster: LocalCluster) -> dict[str, int]:
+    assert cluster.workdir is not None
+    return {p.stem: p.stat().st_size for p in cluster.workdir.glob("*.log")}
+
+
+def stdout_records(cluster: LocalCluster, peer: str, since: int) -> list[dict[str, Any]]:
+    """What a stdout sink printed (peers' stdout goes to their log) after ``since``."""
+    assert cluster.workdir is not None
+    with (cluster.workdir / f"{peer}.log").open("rb") as f:
+        f.seek(since)
+        lines = f.read().decode().splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def normalise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """JSON round trip, as the sink files hold them (tuples become lists...)."""
+    return [json.loads(json.dumps(r, sort_keys=True)) for r in records]
+
+
+def submit_and_wait(cluster: LocalCluster, spec_arg: str, overrides: list[str]) -> dict[str, Any]:
+    args = [a for o in overrides for a in ("--set", o)]
+    status: dict[str, Any] = cli_json(cluster, "submit", spec_arg, *args, "--wait", *via(cluster))
+    return status
+
+
+def check_outputs(
+    cluster: LocalCluster, spec: AppSpec, status: dict[str, Any], logs: dict[str, int]
+) -> None:
+    assert status["state"] == "finished", status.get("error")
+    expected = reference_outputs(spec)
+    sinks_stats: dict[str, Any] = {}
+    for peer_stats in status["peers"].values():
+        sinks_stats.update(peer_stats["sinks"])
+    for sink in spec.sinks:
+        want = normalise(expected[sink.id])
+        if sink.connector == "stdout":
+            got = stdout_records(cluster, sink.peer, logs.get(sink.peer, 0))
+        elif sink.params["format"] == "csv":  # compare what CSV can carry: both read back
+            path = Path(sinks_stats[sink.id]["path"])
+            got = list(read_file(path, "csv"))
+            mirror = cluster.workdir / f"{status['app_id']}-{sink.id}.csv"  # type: ignore[operator]
+            params = {**sink.params, "path": str(mirror)}
+            mirror_sink = open_sink(replace(sink, params=params), out_dir=mirror.parent)
+            mirror_sink.write(expected[sink.id])
+            mirror_sink.close()
+            want = list(read_file(mirror, "csv"))
+        else:
+            got = read_jsonl(Path(sinks_stats[sink.id]["path"]))
+        assert len(got) == len(want), sink.id
+        assert canonical(got) == canonical(want), sink.id
+    assert status["totals"]["late"] == 0
+    assert status["totals"]["errors"] == 0
+
+
+def test_every_peer_publishes_its_name(site: LocalCluster) -> None:
+    ring = cli_json(site, "ring", *via(site))
+    assert ring["self"] == "edge-3"
+
+
+@pytest.mark.parametrize("name", apps.names())
+def test_bundled_app_matches_reference(site: LocalCluster, name: str) -> None:
+    base = ["params.count=100000"] if name == "throughput" else []
+    spec = apps.load(name, overrides=base)
+    overrides = base + quick(spec)
+    spec = apps.load(name, overrides=overrides)
+    hosts = {s.peer for s in spec.sources} | {k.peer for k in spec.sinks}
+    assert "edge-3" not in hosts
+    logs = log_sizes(site)
+    status = submit_and_wait(site, name, overrides)
+    check_outputs(site, spec, status, logs)
+    # the placement covers every operator, and the JOIN paths run source -> sink
+    assert set(status["placement"]) == {o.id for o in spec.operators}
+    for path in status["paths"]:
+        assert path[0] in {s.peer for s in spec.sources}
+        assert path[-1] in {k.peer for k in spec.sinks}
+
+
+def test_fork_join_app_matches_reference(site: LocalCluster) -> None:
+    path = HERE / "fork_join.yaml"
+    spec = load_spec(path)
+    overrides = quick(spec)
+    status = submit_and_wait(site, str(path), overrides)
+    check_outputs(site, load_spec(path, overrides=overrides), status, {})
+    # the join and the union sit where the two sources' JOIN paths meet
+    rendezvous = set.intersection(*(set(p) for p in status["paths"] if p[-1] == "gateway-1"))
+    assert status["placement"]["both"][0] in rendezvous | _leaf_sets(site, rendezvous)
+
+
+def _leaf_sets(cluster: LocalCluster, peers: set[str]) -> set[str]:
+    out: set[str] = set()
+    for i in range(cluster.peers):
+        if cluster.name(i) in peers:
+            out |= set(
+                cli_json(cluster, "ring", "--via", "{}:{}".format(*cluster.address(i)))["leaf_set"]
+            )
+    return out
+
+
+def test_status_and_apps_from_any_peer(site: LocalCluster) -> None:
+    spec = apps.load("word-count")
+    overrides = quick(spec)
+    status = submit_and_wait(site, "word-count", overrides)
+    app_id = status["app_id"]
+    for i in (0, 3, 7):  # a source peer, a sink-less gateway, an edge peer
+        other = ["--via", "{}:{}".format(*site.address(i))]
+        s = cli_json(site, "status", app_id, *other)
+        assert s["state"] == "finished"
+        assert s["placement"] == status["placement"]
+        assert s["paths"] == status["paths"]
+        listed = {a["app_id"]: a["state"] for a in cli_json(site, "apps", *other)}
+        assert listed[app_id] == "finished"
+
+
+INVALID: list[tuple[str, str, str]] = [
+    ("unknown-op", "op: windw", "unknown operator 'windw'"),
+    ("cycle", "cycle", "cycle"),
+    ("missing-input", "inputs: [nope]", "nope"),
+    ("bad-window", "slide_ms: 9000", "slide_ms (9000) must not exceed size_ms"),
+    ("unknown-peer", "peer: nowhere-9", "unknown peer 'nowhere-9'"),
+    ("unknown-builtin", "fn: builtin:nosuch", "unknown built-in function 'nosuch'"),
+    ("unregistered-code", "fn: " + "ab" * 32 + ":f", "not registered"),
+    ("no-such-function", "fn: CODE:missing", "has no function 'missing'"),
+    ("not-yaml", "{{{", "not valid YAML"),
+    ("no-sinks", "sinks: []", "sinks"),
+    ("join-one-input", "join one input", "exactly 2 inputs"),
+    ("bad-rate", "rate: fast", "must be a positive number"),
+    ("duplicate-id", "duplicate", "duplicate id"),
+]
+
+GOOD = """
+name: probe
+sources:
+  - {id: src, peer: sensor-1, connector: generator, params: {dataset: urban, rate: 100, count: 10}}
+operators:
+  - {id: w, op: window, params: {size_ms: 5000, aggregate: count}, inputs: [src]}
+  - {id: m, op: map, fn: "builtin:identity", inputs: [src]}
+sinks:
+  - {id: out, peer: gateway-1, connector: file, params: {path: probe.jsonl}, inputs: [w, m]}
+"""
+
+
+def _invalid(kind: str, code_id: str) -> str:
+    text = GOOD
+    edits = {
+        "unknown-op": ("op: window", "op: windw"),
+        "missing-input": ("inputs: [src]}\n  - {id: m", "inputs: [nope]}\n  - {id: m"),
+        "bad-window": ("size_ms: 5000,", "size_ms: 5000, slide_ms: 9000,"),
+        "unknown-peer": ("peer: gateway-1", "peer: nowhere-9"),
+        "unknown-builtin": ("builtin:identity", "builtin:nosuch"),
+        "unregistered-code": ('"builtin:identity"', '"' + "ab" * 32 + ':f"'),
+        "no-such-function": ('"builtin:identity"', f'"{code_id}:missing"'),
+        "bad-rate": ("rate: 100,", "rate: fast,"),
+        "duplicate-id": ("{id: m,", "{id: w,"),
+    }
+    if kind in edits:
+        old, new = edits[kind]
+        assert old in text
+        return text.replace(old, new)
+    if kind == "cycle":
+        return text.replace("inputs: [src]}\n  - {id: m", "inputs: [m]}\n  - {id: m").replace(
+            'fn: "builtin:identity", inputs: [src]', 'fn: "builtin:identity", inputs: [w]'
+        )
+    if kind == "not-yaml":
+        return "name: [probe\n  {{{"
+    if kind == "no-sinks":
+        return text.split("sinks:")[0] + "sinks: []\n"
+    if kind == "join-one-input":
+        return text.replace(
+            'op: map, fn: "builtin:identity", inputs: [src]',
+            "op: join, params: {key: city, window_ms: 100}, inputs: [src]",
+        )
+    raise AssertionError(kind)
+
+
+def test_invalid_specs_are_rejected_and_nothing_is_deployed(
+    site: LocalCluster, tmp_path: Path
+) -> None:
+    parse_spec(GOOD)  # the base is valid: every failure below is the edit's
+    bundle = tmp_path / "bundle.py"
+    bundle.write_text("def present(r):\n    return r\n")
+    code_id = cli(site, "register", str(bundle), *via(site)).stdout.strip()
+    before = cli_json(site, "apps", *via(site))
+    for kind, _, message in INVALID:
+        spec = tmp_path / f"{kind}.yaml"
+        spec.write_text(_invalid(kind, code_id))
+        proc = cli(site, "submit", str(spec), *via(site), check=False)
+        assert proc.returncode == 1, (kind, proc.stdout, proc.stderr)
+        assert message in proc.stderr, (kind, proc.stderr)
+    assert cli_json(site, "apps", *via(site)) == before
+    for i in range(site.peers):
+        ring = cli_json(site, "ring", "--via", "{}:{}".format(*site.address(i)))
+        assert ring["apps"] == [], ring["self"]
+
+
+UNBOUNDED = """
+name: {name}
+sources:
+  - {{id: src, peer: sensor-1, connector: generator, params: {{dataset: counter, rate: 200}}}}
+operators:
+  - {{id: keyed, op: key_by, params: {{key: key}}, inputs: [src]}}
+  - {{id: counts, op: aggregate, params: {{key: key, aggregate: count}}, inputs: [keyed]}}
+sinks:
+  - {{id: out, peer: gateway-2, connector: file, params: {{path: out.jsonl}}, inputs: [counts]}}
+"""
+
+
+def test_stop_tears_down_one_app_and_leaves_the_other(site: LocalCluster, tmp_path: Path) -> None:
+    ids = []
+    for name in ("first", "second"):
+        spec = tmp_path / f"{name}.yaml"
+        spec.write_text(UNBOUNDED.format(name=name))
+        ids.append(cli_json(site, "submit", str(spec), *via(site))["app_id"])
+    first, second = ids
+
+    def hosting(app_id: str) -> set[str]:
+        out = set()
+        for i in range(site.peers):
+            ring = cli_json(site, "ring", "--via", "{}:{}".format(*site.address(i)))
+            if app_id in ring["apps"]:
+                out.add(ring["self"])
+        return out
+
+    def flowing(app_id: str) -> int:
+        s = cli_json(site, "status", app_id, *via(site))
+        return int(s["state"] == "running" and s["totals"]["sink_records"])
+
+    poll(lambda: flowing(first) and flowing(second), what="both apps deliver records")
+    assert hosting(first)
+    assert hosting(second)
+    stopped = cli_json(site, "stop", first, *via(site))
+    assert stopped["state"] == "stopped"
+    assert hosting(first) == set()
+    assert cli_json(site, "status", first, *via(site))["state"] == "stopped"
+    n = flowing(second)
+    poll(lambda: flowing(second) > n, what="the second app keeps delivering")
+    cli(site, "stop", second, *via(site))
+    assert hosting(second) == set()
