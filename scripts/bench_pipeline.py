@@ -1,8 +1,8 @@
 """Data-plane throughput: agiledart peers beside Bytewax and raw TCP, in the same run.
 
 The pipeline is the bundled ``throughput`` app (``agiledart/apps/throughput.yaml``):
-``urban`` sensor readings (seed 1, rate 100,000/s) -> filter ``value > -100`` ->
-map ``value * 1.8 + 32`` -> running sum of ``value`` per city, one output per record
+``counter`` records ``{ts, key, seq}`` (16 keys, seed 1, rate 100,000/s) -> filter
+``seq % 10 != 0`` -> map ``seq * 0.5`` -> running sum of ``seq`` per key, one output per record
 that passes the filter. Figures, all measured here, side by side:
 
 * ``single_peer_tps`` / ``three_peer_tps`` (+ ``p50_ms``, ``p99_ms`` end-to-end
@@ -39,8 +39,8 @@ import msgpack
 from agiledart.datasets import CHUNK, generate_batches
 
 #: The generator source of agiledart/apps/throughput.yaml.
-DATASET: dict[str, Any] = {"dataset": "urban", "seed": 1, "rate": 100_000}
-THRESHOLD, FACTOR, OFFSET = -100.0, 1.8, 32.0  # builtin:above, builtin:scale
+DATASET: dict[str, Any] = {"dataset": "counter", "seed": 1, "rate": 100_000, "keys": 16}
+EVERY, FACTOR = 10, 0.5  # builtin:skip_every, builtin:scale
 
 
 def log(msg: str) -> None:
@@ -71,17 +71,99 @@ def _run(coro: Coroutine[Any, Any, Any]) -> Any:
     return uvloop.run(coro)
 
 
-# -- engine (to be wired) ---------------------------------------------------------------
+# -- engine -----------------------------------------------------------------------------
+#
+# Real `agiledart peer` processes (LocalCluster, loopback). The app is deployed with the
+# peer-facing `deploy` and `start` RPCs, which is what a scheduler sends after JOIN
+# routing, so that the split over peers is fixed: one peer runs everything; three peers
+# run source + filter | map | aggregate + sink. The sink is `discard` (counts, like the
+# Bytewax anchor's sink). Throughput: input records / (last sink write - sources
+# started); latency: the sink's 5% traces, source wall clock to sink wall clock.
+
+
+def _engine_run(hosts: list[str], n: int, speedup: float) -> dict[str, Any]:
+    from agiledart import apps
+    from agiledart.emulate import LocalCluster
+    from agiledart.runtime.instance import Deployment
+
+    spec = apps.load(
+        "throughput",
+        overrides=[
+            f"params.count={n}",
+            f"sources.readings.peer={hosts[0]}",
+            f"sources.readings.params.speedup={speedup}",
+            f"sinks.totals.peer={hosts[-1]}",
+            "sinks.totals.connector=discard",
+        ],
+    )
+    peers = sorted(set(hosts), key=hosts.index)
+    ops = [o.id for o in spec.operators]  # sampled, halved, per-key
+    where = {"readings": hosts[0], ops[0]: hosts[0], ops[1]: hosts[len(hosts) // 2]}
+    where |= {ops[2]: hosts[-1], "totals": hosts[-1]}
+
+    async def go(cluster: LocalCluster) -> dict[str, Any]:
+        await cluster.wait_formed()
+        index = {cluster.name(i): i for i in range(cluster.peers)}
+        deployment = Deployment(
+            app_id="bench",
+            spec=spec,
+            hosts={node: (peer,) for node, peer in where.items()},
+            addresses={p: cluster.address(index[p]) for p in peers},
+            scheduler=cluster.address(index[hosts[-1]]),
+        )
+        for peer in reversed(peers):
+            await cluster.request(index[peer], "deploy", deployment.to_wire())
+        for peer in peers:
+            await cluster.request(index[peer], "start", {"app_id": "bench"})
+        sink_peer = index[hosts[-1]]
+        while True:
+            stats = await cluster.request(sink_peer, "app_stats", {"app_id": "bench"})
+            sink = stats["sinks"]["totals"]
+            if sink["done"]:
+                break
+            await asyncio.sleep(0.2)
+        source = await cluster.request(index[hosts[0]], "app_stats", {"app_id": "bench"})
+        return {"source": source, "sink": sink}
+
+    with LocalCluster(len(peers), port=_free_port()) as cluster:
+        got: dict[str, Any] = asyncio.run(go(cluster))
+    seconds = got["sink"]["last_at"] - got["source"]["started_at"]
+    emitted = got["source"]["sources"]["readings"]["emitted"]
+    if emitted != n:
+        msg = f"source emitted {emitted} of {n} records"
+        raise RuntimeError(msg)
+    return {
+        "tps": n / seconds,
+        "p50_ms": got["sink"]["latency_p50_ms"],
+        "p99_ms": got["sink"]["latency_p99_ms"],
+        "sink_records": got["sink"]["records"],
+    }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+UNPACED = 1e6  # speedup: sources go as fast as the pipeline takes them
 
 
 def bench_engine_single(n: int) -> float:
     """Input records/s of the throughput app on one agiledart peer."""
-    raise NotImplementedError("engine half: to be wired")
+    return float(_engine_run(["sensor-1"], n, UNPACED)["tps"])
 
 
 def bench_engine_three(n: int) -> dict[str, float]:
-    """``{"tps", "p50_ms", "p99_ms"}`` of the throughput app across three peers."""
-    raise NotImplementedError("engine half: to be wired")
+    """``{"tps", "p50_ms", "p99_ms"}`` across three peers: saturation, then latency at
+    half of it (the source paced at half the measured throughput)."""
+    hosts = ["sensor-1", "sensor-2", "gateway-1"]
+    saturated = _engine_run(hosts, n, UNPACED)
+    log(f"three peers saturate at {saturated['tps']:,.0f} records/s; latency at half of it")
+    half = _engine_run(hosts, n, saturated["tps"] / 2 / DATASET["rate"])
+    return {"tps": saturated["tps"], "p50_ms": half["p50_ms"], "p99_ms": half["p99_ms"]}
 
 
 # -- Bytewax anchor ---------------------------------------------------------------------
@@ -107,7 +189,7 @@ def _bytewax_child(n: int) -> dict[str, Any]:
     from bytewax.testing import run_main as untyped_run_main
 
     data = [r for batch in records(n) for r in batch]
-    expected = sum(r["value"] > THRESHOLD for r in data)
+    expected = sum(r["seq"] % EVERY != 0 for r in data)
     seen = [0]
 
     class Count(StatelessSinkPartition[Any]):
@@ -120,19 +202,19 @@ def _bytewax_child(n: int) -> dict[str, Any]:
 
     def scale(r: dict[str, Any]) -> dict[str, Any]:
         out = r.copy()
-        out["value"] = r["value"] * FACTOR + OFFSET
+        out["seq"] = r["seq"] * FACTOR
         return out
 
     def running_sum(acc: float | None, r: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-        s = (acc or 0) + r["value"]
-        return s, {"key": r["city"], "value": s, "ts": r["ts"]}
+        s = (acc or 0) + r["seq"]
+        return s, {"key": r["key"], "value": s, "ts": r["ts"]}
 
     flow = Dataflow("throughput")
     s = op.input("readings", flow, TestingSource(data, batch_size=CHUNK))
-    s = op.filter("plausible", s, lambda r: r["value"] > THRESHOLD)
-    s = op.map("fahrenheit", s, scale)
-    keyed = op.key_on("city", s, lambda r: r["city"])
-    op.output("totals", op.stateful_map("per-city", keyed, running_sum), CountSink())
+    s = op.filter("sampled", s, lambda r: r["seq"] % EVERY != 0)
+    s = op.map("halved", s, scale)
+    keyed = op.key_on("key", s, lambda r: r["key"])
+    op.output("totals", op.stateful_map("per-key", keyed, running_sum), CountSink())
     run_main: Callable[[Dataflow], None] = untyped_run_main  # untyped upstream
     start = time.perf_counter()
     run_main(flow)

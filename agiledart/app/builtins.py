@@ -103,6 +103,12 @@ def above(*, field: str = "value", threshold: float = 0.0) -> Callable[[Record],
 
 
 @_builtin("filter")
+def skip_every(*, field: str = "seq", n: int = 10) -> Callable[[Record], bool]:
+    """Records whose integer ``field`` is not a multiple of ``n`` (drops 1 in ``n``)."""
+    return lambda r: r[field] % n != 0
+
+
+@_builtin("filter")
 def equals(*, field: str, value: Any) -> Callable[[Record], bool]:
     """Records whose ``field`` equals ``value``."""
     return lambda r: r.get(field) == value

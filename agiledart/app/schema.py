@@ -158,6 +158,7 @@ SINK_PARAMS: Mapping[str, tuple[Param, ...]] = {
     "file": (_p("path", "str", required=True), _p("format", "enum", choices=_FORMATS)),
     "mqtt": _MQTT,
     "stdout": (),
+    "discard": (),
 }
 CHECKPOINT_PARAMS: tuple[Param, ...] = (
     _p("interval_ms", "posint", default=10_000, **_MS),

@@ -391,6 +391,27 @@ class StdoutSink:
             self._closed = True
 
 
+class DiscardSink:
+    """The ``discard`` sink: counts records and drops them (benchmarks, dry runs)."""
+
+    path: Path | None = None
+
+    def __init__(self, spec: SinkSpec) -> None:
+        self.id = spec.id
+        self.stats = SinkStatistics()
+
+    def write(self, records: list[Record]) -> None:
+        if records:
+            self.stats.records += len(records)
+            self.stats.batches += 1
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def open_sink(
     spec: SinkSpec, *, out_dir: str | os.PathLike[str], stdout: TextIO | None = None
 ) -> Sink:
@@ -399,6 +420,8 @@ def open_sink(
         return FileSink(spec, out_dir=out_dir)
     if spec.connector == "stdout":
         return StdoutSink(spec, stream=stdout)
+    if spec.connector == "discard":
+        return DiscardSink(spec)
     if spec.connector == "mqtt":
         msg = f"sink {spec.id!r}: {_MQTT}"
         raise ExecutionError(msg)

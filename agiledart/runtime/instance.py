@@ -53,7 +53,7 @@ from agiledart.app.local import Emission, Executor
 from agiledart.app.spec import AppSpec
 from agiledart.dataplane import CreditWindow
 from agiledart.operators import BoundedOutOfOrderness
-from agiledart.operators.base import FINAL_WATERMARK, Record
+from agiledart.operators.base import FINAL_WATERMARK, MIN_WATERMARK, Record
 from agiledart.overlay.errors import MalformedError, OverlayError
 from agiledart.overlay.tcp import ConnectionInfo
 from agiledart.runtime.connectors import Sink, Source, open_sink
@@ -75,9 +75,10 @@ def now_ms() -> float:
 class InstanceOptions:
     batch_records: int = 1000  #: records per data frame, at most
     linger_s: float = 0.005  #: a partial batch leaves this long after its first record
-    credits: int = 8  #: batches in flight per edge
+    credits: int = 16  #: batches in flight per edge
     source_queue: int = 4  #: source batches waiting in a segment's inbox, at most
     trace_rate: float = 0.05
+    watermark_interval_s: float = 0.01  #: a source's watermarks go out at most this often
     overload: str = "block"  #: block | shed, for sources that fall behind
 
 
@@ -245,6 +246,8 @@ class SinkState:
     sink: Sink
     inputs: dict[str, int]  #: input id -> watermark
     done: bool = False
+    first_at: float | None = None  #: wall-clock s of the first and last write
+    last_at: float | None = None
     latencies: collections.deque[float] = field(
         default_factory=lambda: collections.deque(maxlen=4096)
     )
@@ -290,6 +293,7 @@ class AppInstance:
         self._group: asyncio.TaskGroup | None = None
         self._runner: asyncio.Task[None] | None = None
         self._started = asyncio.Event()
+        self.started_at_wall: float | None = None
         self.failure: str | None = None
 
         here = {n for n, peers in d.hosts.items() if me in peers}
@@ -359,6 +363,8 @@ class AppInstance:
         self._runner = group.create_task(self._run(), name=f"app {self.app_id}")
 
     def start_sources(self) -> None:
+        if not self._started.is_set():
+            self.started_at_wall = time.time()
         self._started.set()
 
     async def stop(self) -> None:
@@ -404,13 +410,26 @@ class AppInstance:
     async def _source_loop(self, sid: str, source: Source) -> None:
         await self._started.wait()
         wmgen = BoundedOutOfOrderness(source.spec.params.get("out_of_order_ms", 0))
+        interval = self.options.watermark_interval_s
+        last_wm = [0.0]  # monotonic time of the last watermark sent
+        sent_wm = [MIN_WATERMARK]
+        loop = asyncio.get_running_loop()
 
         async def emit(records: list[Record]) -> None:
             traces = self._sample(len(records))
             await self._deliver(sid, records, traces, local=True)
-            wm = wmgen.observe(records)
-            if wm is not None:
-                await self._deliver_wm(sid, wm, now_ms(), local=True)
+            if loop.time() - last_wm[0] < interval:
+                # between watermarks only the last record's ts counts: the watermark can
+                # only come out lower (later), which never makes a record late
+                ts = records[-1].get("ts") if records else None
+                if type(ts) is int:
+                    wmgen.observe_ts(ts)
+                return
+            last_wm[0] = loop.time()
+            wmgen.observe(records)
+            if wmgen.watermark > sent_wm[0]:
+                sent_wm[0] = wmgen.watermark
+                await self._deliver_wm(sid, wmgen.watermark, now_ms(), local=True)
 
         await source.run(emit)
         await self._deliver_wm(sid, wmgen.finish(), now_ms(), local=True)
@@ -526,6 +545,9 @@ class AppInstance:
     def _write_sink(self, sink_id: str, records: list[Record], traces: list[TraceTag]) -> None:
         state = self.sinks[sink_id]
         state.sink.write(records)
+        state.last_at = time.time()
+        if state.first_at is None:
+            state.first_at = state.last_at
         if traces:
             now = now_ms()
             state.latencies.extend(now - ts for _, ts in traces)
@@ -553,6 +575,8 @@ class AppInstance:
             "latency_p50_ms": _quantile(lat, 0.5),
             "latency_p99_ms": _quantile(lat, 0.99),
             "latency_samples": len(lat),
+            "first_at": state.first_at,
+            "last_at": state.last_at,
         }
 
     def statistics(self) -> dict[str, Any]:
@@ -563,6 +587,7 @@ class AppInstance:
         return {
             "peer": self.me,
             "uptime_s": round(time.monotonic() - self.started_at, 3),
+            "started_at": self.started_at_wall,
             "failure": self.failure,
             "sources": {sid: dataclasses.asdict(src.stats) for sid, src in self.sources.items()},
             "operators": ops,
@@ -591,7 +616,7 @@ def _quantile(xs: list[float], q: float) -> float | None:
 
 def _records_and_traces(batch: dict[str, Any]) -> tuple[list[Record], list[TraceTag]]:
     records = batch.get("r")
-    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+    if not isinstance(records, list) or (records and set(map(type, records)) != {dict}):
         msg = "data batch records must be a list of maps"
         raise MalformedError(msg)
     traces: list[TraceTag] = []
