@@ -51,7 +51,7 @@ from agiledart.app.errors import ExecutionError
 from agiledart.app.functions import Resolver
 from agiledart.app.local import Emission, Executor
 from agiledart.app.spec import AppSpec
-from agiledart.dataplane import CreditWindow
+from agiledart.dataplane import CreditWindow, KeyPartitioner
 from agiledart.operators import BoundedOutOfOrderness
 from agiledart.operators.base import FINAL_WATERMARK, MIN_WATERMARK, Record
 from agiledart.overlay.errors import MalformedError, OverlayError
@@ -223,6 +223,7 @@ class _Item:
     wall: float = 0.0
     ack: _Ack | None = None
     local: bool = False
+    sender: str = ""
 
 
 @dataclass
@@ -246,6 +247,7 @@ class SinkState:
     sink: Sink
     inputs: dict[str, int]  #: input id -> watermark
     done: bool = False
+    senders: dict[str, dict[str, int]] = field(default_factory=dict)
     first_at: float | None = None  #: wall-clock s of the first and last write
     last_at: float | None = None
     latencies: collections.deque[float] = field(
@@ -265,6 +267,8 @@ class Segment:
         self.room.set()
         self.local_items = 0
         self.processed = 0
+        #: producer -> sender peer -> watermark, for producers with several instances
+        self.watermarks: dict[str, dict[str, int]] = {}
 
 
 class AppInstance:
@@ -294,13 +298,17 @@ class AppInstance:
         self._runner: asyncio.Task[None] | None = None
         self._started = asyncio.Event()
         self.started_at_wall: float | None = None
+        self._failed = asyncio.Event()
         self.failure: str | None = None
 
         here = {n for n, peers in d.hosts.items() if me in peers}
         self.local_ops = [o.id for o in spec.operators if o.id in here]
+        #: operators with several instances: keyed ones get records by key
+        self.parallel = {n for n, peers in d.hosts.items() if len(peers) > 1}
+        self.partition_key = {n: _partition_key(spec, n) for n in self.parallel}
         self.segments: list[Segment] = []
         self.segment_of: dict[str, Segment] = {}
-        for ops in _segments(spec, set(self.local_ops)):
+        for ops in _segments(spec, set(self.local_ops), alone=self.parallel):
             seg = Segment(ops, Executor(spec, resolve, operators=ops))
             self.segments.append(seg)
             for op in ops:
@@ -323,6 +331,8 @@ class AppInstance:
         for ospec in spec.operators:
             into = self.segment_of.get(ospec.id)
             for src in ospec.inputs:
+                if ospec.id in self.parallel:
+                    continue
                 if into is not None and self.segment_of.get(src) is not into:
                     segs = self.consumers.setdefault(src, ([], []))[0]
                     if into not in segs:
@@ -331,30 +341,58 @@ class AppInstance:
             if sink.id in self.sinks:
                 for src in sink.inputs:
                     self.consumers.setdefault(src, ([], []))[1].append(sink.id)
-        #: local producer -> edges to the peers hosting its remote consumers
+        #: local producer -> edges to the peers hosting its remote consumers (all records)
         self.edges: dict[str, list[OutEdge]] = {}
+        #: local producer -> partitioned consumers: (consumer, one target per instance)
+        self.groups: dict[str, list[tuple[str, list[OutEdge | Segment]]]] = {}
         self.edge_by_id: dict[str, OutEdge] = {}
         for producer in [*self.sources, *self.local_ops]:
-            dests: list[str] = []
+            full: list[str] = []
+            shared: dict[str, str] = {}  # peer -> parallel consumer it hosts an instance of
             for node_id, inputs in _fed(spec):
-                if producer in inputs:
-                    for peer in d.hosts[node_id]:
-                        if peer != me and peer not in dests:
-                            dests.append(peer)
-            for peer in dests:
-                edge = OutEdge(
-                    app_id=self.app_id,
-                    producer=producer,
-                    sender=me,
-                    dest=peer,
-                    address=d.addresses[peer],
-                    links=links,
-                    options=self.options,
-                    spawn=self._spawn,
+                if producer not in inputs:
+                    continue
+                for peer in d.hosts[node_id]:
+                    if node_id in self.parallel:
+                        shared[peer] = node_id
+                    elif peer != me and peer not in full:
+                        full.append(peer)
+            both = sorted(set(full) & set(shared))
+            if both:
+                msg = (
+                    f"peer {both[0]} hosts an instance of parallel operator "
+                    f"{shared[both[0]]!r} and another consumer of {producer!r}: give them "
+                    "separate peers"
                 )
-                self.edges.setdefault(producer, []).append(edge)
-                self.edge_by_id[f"{edge.id}>{peer}"] = edge
+                raise ExecutionError(msg)
+            for peer in [*full, *sorted(p for p in shared if p != me)]:
+                self.edges.setdefault(producer, []).append(self._edge(producer, peer))
+            for node_id, inputs in _fed(spec):
+                if producer in inputs and node_id in self.parallel:
+                    targets: list[OutEdge | Segment] = []
+                    for peer in d.hosts[node_id]:
+                        if peer == me:
+                            targets.append(self.segment_of[node_id])
+                        else:
+                            targets.append(next(e for e in self.edges[producer] if e.dest == peer))
+                    self.groups.setdefault(producer, []).append((node_id, targets))
+        self._split = {e for es in self.groups.values() for _, ts in es for e in ts}
         self.received: collections.Counter[str] = collections.Counter()
+        self._partitioners: dict[int, KeyPartitioner] = {}
+
+    def _edge(self, producer: str, peer: str) -> OutEdge:
+        edge = OutEdge(
+            app_id=self.app_id,
+            producer=producer,
+            sender=self.me,
+            dest=peer,
+            address=self.deployment.addresses[peer],
+            links=self.links,
+            options=self.options,
+            spawn=self._spawn,
+        )
+        self.edge_by_id[f"{edge.id}>{peer}"] = edge
+        return edge
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -395,15 +433,27 @@ class AppInstance:
                     group.create_task(self._segment_loop(seg))
                 for sid, source in self.sources.items():
                     group.create_task(self._source_loop(sid, source))
+                group.create_task(self._until_failed())  # sinks stay open until stopped
         except* Exception as eg:
             exc = eg.exceptions[0]
-            self.failure = f"{type(exc).__name__}: {exc}"
+            if self.failure is None:
+                self.failure = f"{type(exc).__name__}: {exc}"
             log.error("app %s failed on %s: %s", self.app_id, self.me, self.failure)
         finally:
             self._group = None
             self._close_sinks()
         if self.failure is not None:
             await self.on_failed(self.failure)
+
+    async def _until_failed(self) -> None:
+        await self._failed.wait()
+        raise ExecutionError(self.failure or "failed")
+
+    def fail(self, reason: str) -> None:
+        """End this instance (its group raises), e.g. a sink that cannot write."""
+        if self.failure is None:
+            self.failure = reason
+        self._failed.set()
 
     # -- sources ----------------------------------------------------------------------
 
@@ -454,16 +504,47 @@ class AppInstance:
         for seg in segs:
             await self._put_local(seg, _Item(producer, records, traces, local=True))
         for edge in self.edges.get(producer, ()):
-            await edge.send(records, traces)
+            if edge not in self._split:
+                await edge.send(records, traces)
+        for consumer, targets in self.groups.get(producer, ()):
+            for i, part in enumerate(self._partition(consumer, records, len(targets))):
+                if not part:
+                    continue
+                target, tags = targets[i], traces if i == 0 else []
+                if isinstance(target, OutEdge):
+                    await target.send(part, tags)
+                else:
+                    await self._put_local(
+                        target, _Item(producer, part, tags, local=True, sender=self.me)
+                    )
+
+    def _partition(self, consumer: str, records: list[Record], n: int) -> list[list[Record]]:
+        """Records split over ``n`` instances: by key for keyed operators, else in turn."""
+        parts: list[list[Record]] = [[] for _ in range(n)]
+        field = self.partition_key[consumer]
+        if field is None:
+            for i, r in enumerate(records):
+                parts[i % n].append(r)
+            return parts
+        pick = self._partitioners.setdefault(n, KeyPartitioner(n))
+        for r in records:
+            parts[pick(r.get(field))].append(r)
+        return parts
 
     async def _deliver_wm(self, producer: str, wm: int, wall: float, *, local: bool) -> None:
         segs, sinks = self.consumers.get(producer, ((), ()))
         for sink in sinks:
-            await self._sink_wm(sink, producer, wm)
+            await self._sink_wm(sink, producer, wm, self.me)
         for seg in segs:
-            await self._put_local(seg, _Item(producer, None, [], wm=wm, wall=wall, local=True))
+            item = _Item(producer, None, [], wm=wm, wall=wall, local=True, sender=self.me)
+            await self._put_local(seg, item)
         for edge in self.edges.get(producer, ()):
             await edge.watermark(wm, wall)
+        for _, targets in self.groups.get(producer, ()):
+            for target in targets:
+                if isinstance(target, Segment):
+                    item = _Item(producer, None, [], wm=wm, wall=wall, local=True, sender=self.me)
+                    await self._put_local(target, item)
 
     async def _put_local(self, seg: Segment, item: _Item) -> None:
         while seg.local_items >= self.options.source_queue:
@@ -479,7 +560,7 @@ class AppInstance:
         """A batch from another peer: into the consuming segments' inboxes, now."""
         records, traces = _records_and_traces(batch)
         self.received[producer] += len(records)
-        segs, sinks = self.consumers.get(producer, ((), ()))
+        segs, sinks = self._inputs_of(producer)
         for sink in sinks:
             self._write_sink(sink, records, traces)
         edge = str(batch["e"])
@@ -491,16 +572,34 @@ class AppInstance:
             if len(seg.inbox) > 4 * self.options.credits * max(1, len(self.consumers)) + 64:
                 msg = f"app {self.app_id}: {conn.peer_name} sent beyond its credit"
                 raise MalformedError(msg)
-            seg.inbox.append(_Item(producer, records, traces, ack=ack))
+            seg.inbox.append(_Item(producer, records, traces, ack=ack, sender=conn.peer_name))
             seg.wake.set()
 
-    async def accept_wm(self, producer: str, wm: int, wall: float) -> None:
-        segs, sinks = self.consumers.get(producer, ((), ()))
+    async def accept_wm(self, producer: str, wm: int, wall: float, sender: str) -> None:
+        segs, sinks = self._inputs_of(producer)
         for sink in sinks:
-            await self._sink_wm(sink, producer, wm)
+            await self._sink_wm(sink, producer, wm, sender)
         for seg in segs:
-            seg.inbox.append(_Item(producer, None, [], wm=wm, wall=wall))
+            seg.inbox.append(_Item(producer, None, [], wm=wm, wall=wall, sender=sender))
             seg.wake.set()
+
+    def _inputs_of(self, producer: str) -> tuple[list[Segment], list[str]]:
+        """Local consumers of what ``producer`` sends from other peers."""
+        segs, sinks = self.consumers.get(producer, ([], []))
+        extra = [
+            self.segment_of[c]
+            for c in self.parallel
+            if c in self.segment_of and producer in self.spec.operator(c).inputs
+        ]
+        return ([*segs, *extra] if extra else list(segs)), list(sinks)
+
+    def _merged_wm(self, tracker: dict[str, int], producer: str, sender: str, wm: int) -> int:
+        """The watermark of ``producer`` over all its instances (their minimum)."""
+        if producer not in self.parallel:
+            return wm
+        tracker[sender] = max(wm, tracker.get(sender, MIN_WATERMARK))
+        hosts = self.deployment.hosts[producer]
+        return min(tracker.get(h, MIN_WATERMARK) for h in hosts)
 
     def grant(self, edge_key: str, n: int) -> bool:
         edge = self.edge_by_id.get(edge_key)
@@ -525,7 +624,9 @@ class AppInstance:
                 emitted = ex.feed(item.producer, item.records)
                 await self._forward(emitted, item.traces)
             else:
-                emitted = ex.watermark(item.producer, item.wm)
+                tracker = seg.watermarks.setdefault(item.producer, {})
+                wm = self._merged_wm(tracker, item.producer, item.sender, item.wm)
+                emitted = ex.watermark(item.producer, wm)
                 await self._forward(emitted, [(0, item.wall)], wall=item.wall)
             seg.processed += 1
             if item.ack is not None:
@@ -544,7 +645,11 @@ class AppInstance:
 
     def _write_sink(self, sink_id: str, records: list[Record], traces: list[TraceTag]) -> None:
         state = self.sinks[sink_id]
-        state.sink.write(records)
+        try:
+            state.sink.write(records)
+        except ExecutionError as exc:
+            self.fail(str(exc))
+            return
         state.last_at = time.time()
         if state.first_at is None:
             state.first_at = state.last_at
@@ -552,8 +657,9 @@ class AppInstance:
             now = now_ms()
             state.latencies.extend(now - ts for _, ts in traces)
 
-    async def _sink_wm(self, sink_id: str, producer: str, wm: int) -> None:
+    async def _sink_wm(self, sink_id: str, producer: str, wm: int, sender: str = "") -> None:
         state = self.sinks[sink_id]
+        wm = self._merged_wm(state.senders.setdefault(producer, {}), producer, sender, wm)
         if producer in state.inputs and wm > state.inputs[producer]:
             state.inputs[producer] = wm
         if state.done or any(w < FINAL_WATERMARK for w in state.inputs.values()):
@@ -626,8 +732,9 @@ def _records_and_traces(batch: dict[str, Any]) -> tuple[list[Record], list[Trace
     return records, traces
 
 
-def _segments(spec: AppSpec, local: set[str]) -> list[list[str]]:
-    """Local operators grouped by local edges; a group a path re-enters is split."""
+def _segments(spec: AppSpec, local: set[str], *, alone: set[str]) -> list[list[str]]:
+    """Local operators grouped by local edges; a group a path re-enters is split, and
+    an operator with several instances (``alone``) is a group of its own."""
     parent = {o: o for o in local}
 
     def find(x: str) -> str:
@@ -639,7 +746,7 @@ def _segments(spec: AppSpec, local: set[str]) -> list[list[str]]:
     for o in spec.operators:
         if o.id in local:
             for src in o.inputs:
-                if src in local:
+                if src in local and src not in alone and o.id not in alone:
                     parent[find(src)] = find(o.id)
     groups: dict[str, list[str]] = {}
     for o in spec.operators:  # declaration order within a group
@@ -657,6 +764,25 @@ def _segments(spec: AppSpec, local: set[str]) -> list[list[str]]:
         else:
             out.append(members)
     return out
+
+
+_KEYED = ("window", "aggregate", "join", "dedupe")
+_STATELESS = ("map", "filter", "flat_map", "key_by", "union")
+
+
+def _partition_key(spec: AppSpec, op_id: str) -> str | None:
+    """The field that routes records to instances of ``op_id`` (None: in turn)."""
+    op = spec.operator(op_id)
+    if op.op in _STATELESS:
+        return None
+    key = op.params.get("key")
+    if op.op in _KEYED and isinstance(key, str):
+        return key
+    msg = (
+        f"operator {op_id!r} ({op.op}{'' if key else ' without a key'}) cannot run as "
+        "several instances: it needs every record"
+    )
+    raise ExecutionError(msg)
 
 
 def _fed(spec: AppSpec) -> list[tuple[str, tuple[str, ...]]]:

@@ -289,9 +289,8 @@ class AppRuntime:
         wall = msg.get("c")
         inst = self.instances.get(app_id)
         if inst is not None:
-            await inst.accept_wm(
-                producer, wm, float(wall) if isinstance(wall, int | float) else 0.0
-            )
+            clock = float(wall) if isinstance(wall, int | float) else 0.0
+            await inst.accept_wm(producer, wm, clock, conn.peer_name)
 
     async def _on_credit(self, msg: dict[str, Any], conn: ConnectionInfo) -> None:
         app_id, edge, n = msg.get("a"), msg.get("e"), msg.get("n")
