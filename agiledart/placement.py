@@ -23,8 +23,9 @@ them (:class:`PeerInfo`). :func:`place` is a pure function of those values:
   capacity (> 0). When no peer ahead on the path is usable (the path has fewer hops
   than operators, or they are full), the operator shares a path node at or after its
   inputs or goes to a leaf-set peer of one, whichever has the most spare capacity
-  (then fewest operators, then name). A leaf-set peer counts, for the operators
-  after it, as sitting at the path node whose leaf set it came from (its anchor).
+  (on a tie a path node, so data stays on its path; then fewest operators, then
+  name). A leaf-set peer counts, for the operators after it, as sitting at the path
+  node whose leaf set it came from (its anchor).
 * Deployment runs along the reversed paths, sink side first (:attr:`Placement.deploy_order`).
 
 Everything is deterministic: inputs are visited in sorted order and ties are broken
@@ -296,7 +297,13 @@ def _overflow(op: OperatorSpec, keys: list[PathKey], nodes: list[str], state: _S
             f"{state.slot_limit}) or has no spare capacity"
         )
         raise PlacementError(msg)
-    best = min(usable, key=lambda p: (-state.capacity[p], state.used.get(p, 0), p))
+    # most spare capacity first; on a tie a path node (data stays on the path) before a
+    # leaf-set peer, then the least loaded, then by name
+    on_path = set(nodes)
+    best = min(
+        usable,
+        key=lambda p: (-state.capacity[p], p not in on_path, state.used.get(p, 0), p),
+    )
     state.assign(op.id, best, candidates[best])
 
 

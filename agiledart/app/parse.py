@@ -54,17 +54,20 @@ def parse_spec(
     ``known_peers``, when given, are the peer names of the ring: sources and sinks
     pinned elsewhere are reported.
     """
-    if isinstance(source, str | bytes):
-        try:
-            raw: Any = yaml.safe_load(source)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            problem = getattr(e, "problem", None) or str(e)
-            raise SpecError([Problem("", f"not valid YAML{where}: {problem}")]) from None
-    else:
-        raw = source
-    return _Parser(known_peers).run(raw, overrides)
+    try:
+        if isinstance(source, str | bytes):
+            try:
+                raw: Any = yaml.safe_load(source)
+            except yaml.YAMLError as e:
+                mark = getattr(e, "problem_mark", None)
+                where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+                problem = getattr(e, "problem", None) or str(e)
+                raise SpecError([Problem("", f"not valid YAML{where}: {problem}")]) from None
+        else:
+            raw = source
+        return _Parser(known_peers).run(raw, overrides)
+    except RecursionError:  # YAML or maps nested beyond Python's recursion limit
+        raise SpecError([Problem("", "nested too deeply to be an app spec")]) from None
 
 
 def load_spec(

@@ -14,6 +14,10 @@ from typing import Any, ClassVar
 from agiledart.app.errors import OperatorError
 from agiledart.operators.base import Operator, Record
 
+#: What user code may raise on a record and be counted as a bad record for: any
+#: Exception, and SystemExit (a function calling sys.exit must not end the peer).
+USER_ERRORS: tuple[type[BaseException], ...] = (Exception, SystemExit)
+
 __all__ = ["KEY_SEPARATOR", "Filter", "FlatMap", "KeyBy", "Map", "Union"]
 
 #: Joins the values of a composite ``key_by`` key: ``"Geneva/dust"``.
@@ -33,12 +37,12 @@ class Map(Operator):
         f = self._fn
         try:
             out = [f(r) for r in records]
-        except Exception:
+        except USER_ERRORS:
             out = []
             for r in records:
                 try:
                     out.append(f(r))
-                except Exception as e:
+                except USER_ERRORS as e:
                     self._bad(e)
         st = self.stats
         st.records_in += len(records)
@@ -59,13 +63,13 @@ class Filter(Operator):
         f = self._fn
         try:
             out = [r for r in records if f(r)]
-        except Exception:
+        except USER_ERRORS:
             out = []
             for r in records:
                 try:
                     if f(r):
                         out.append(r)
-                except Exception as e:
+                except USER_ERRORS as e:
                     self._bad(e)
         st = self.stats
         st.records_in += len(records)
@@ -86,12 +90,12 @@ class FlatMap(Operator):
         f = self._fn
         try:
             out = [o for r in records for o in f(r)]
-        except Exception:
+        except USER_ERRORS:
             out = []
             for r in records:
                 try:
                     out.extend(list(f(r)))
-                except Exception as e:
+                except USER_ERRORS as e:
                     self._bad(e)
         st = self.stats
         st.records_in += len(records)
@@ -133,12 +137,12 @@ class KeyBy(Operator):
         f = self._keyfn
         try:
             out = [dict(r, key=f(r)) for r in records]
-        except Exception:
+        except USER_ERRORS:
             out = []
             for r in records:
                 try:
                     out.append(dict(r, key=f(r)))
-                except Exception as e:
+                except USER_ERRORS as e:
                     self._bad(e)
         st = self.stats
         st.records_in += len(records)

@@ -123,7 +123,7 @@ class CodeStore:
         module.__file__ = f"<registered {name} {code_id[:12]}>"
         try:
             exec(compile(source, module.__file__, "exec"), module.__dict__)
-        except Exception as exc:
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # not the peer's exit
             msg = f"{name} does not load: {type(exc).__name__}: {exc}"
             raise CodeError(msg) from exc
         self._modules[code_id] = module

@@ -41,6 +41,7 @@ import contextlib
 import dataclasses
 import logging
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -75,7 +76,7 @@ def now_ms() -> float:
 class InstanceOptions:
     batch_records: int = 1000  #: records per data frame, at most
     linger_s: float = 0.005  #: a partial batch leaves this long after its first record
-    credits: int = 16  #: batches in flight per edge
+    credits: int = 32  #: batches in flight per edge
     source_queue: int = 4  #: source batches waiting in a segment's inbox, at most
     trace_rate: float = 0.05
     watermark_interval_s: float = 0.01  #: a source's watermarks go out at most this often
@@ -104,16 +105,52 @@ class Deployment:
     @classmethod
     def from_wire(cls, raw: dict[str, Any], parse: Callable[[Any], AppSpec]) -> Deployment:
         try:
-            return cls(
-                app_id=str(raw["app_id"]),
+            app_id = raw["app_id"]
+            if not isinstance(app_id, str) or not _APP_ID_RE.match(app_id):
+                msg = f"app id must be letters, digits, '-' or '_' (1-96), got {app_id!r}"
+                raise ValueError(msg)
+            hosts = {str(k): _names(v) for k, v in raw["hosts"].items()}
+            addresses = {str(k): _address(v) for k, v in raw["addresses"].items()}
+            d = cls(
+                app_id=app_id,
                 spec=parse(raw["spec"]),
-                hosts={str(k): tuple(map(str, v)) for k, v in raw["hosts"].items()},
-                addresses={str(k): (str(v[0]), int(v[1])) for k, v in raw["addresses"].items()},
-                scheduler=(str(raw["scheduler"][0]), int(raw["scheduler"][1])),
+                hosts=hosts,
+                addresses=addresses,
+                scheduler=_address(raw["scheduler"]),
             )
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             msg = f"malformed deployment: {type(exc).__name__}: {exc}"
             raise ExecutionError(msg) from exc
+        nodes = [s.id for s in d.spec.sources] + [node for node, _ in _fed(d.spec)]
+        unhosted = sorted(n for n in nodes if not d.hosts.get(n))
+        unknown = sorted({p for ps in d.hosts.values() for p in ps} - set(d.addresses))
+        if unhosted or unknown:
+            msg = f"deployment places no peer for {unhosted} or has no address for {unknown}"
+            raise ExecutionError(msg)
+        return d
+
+
+_APP_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,95}$")
+
+
+def _names(raw: Any) -> tuple[str, ...]:
+    if not isinstance(raw, list | tuple) or not all(isinstance(x, str) and x for x in raw):
+        msg = f"hosts must be lists of peer names, got {raw!r}"
+        raise TypeError(msg)
+    return tuple(raw)
+
+
+def _address(raw: Any) -> Address:
+    if not (
+        isinstance(raw, list | tuple)
+        and len(raw) == 2
+        and isinstance(raw[0], str)
+        and type(raw[1]) is int
+        and 0 < raw[1] < 65536
+    ):
+        msg = f"an address is [host, port], got {raw!r}"
+        raise TypeError(msg)
+    return (raw[0], raw[1])
 
 
 @dataclass
@@ -224,6 +261,11 @@ class _Item:
     ack: _Ack | None = None
     local: bool = False
     sender: str = ""
+    #: a watermark of the same producer and sender that came after this batch while it
+    #: waited (watermarks are merged into queued items, so they cannot pile up)
+    wm_after: int | None = None
+    wall_after: float = 0.0
+    popped: bool = False
 
 
 @dataclass
@@ -269,6 +311,8 @@ class Segment:
         self.processed = 0
         #: producer -> sender peer -> watermark, for producers with several instances
         self.watermarks: dict[str, dict[str, int]] = {}
+        #: (producer, sender) -> its latest inbox item
+        self.last: dict[tuple[str, str], _Item] = {}
 
 
 class AppInstance:
@@ -314,11 +358,8 @@ class AppInstance:
             for op in ops:
                 self.segment_of[op] = seg
         out_dir = state_dir / "output" / self.app_id
-        self.sinks: dict[str, SinkState] = {
-            k.id: SinkState(open_sink(k, out_dir=out_dir), dict.fromkeys(k.inputs, -(2**63)))
-            for k in spec.sinks
-            if k.id in here
-        }
+        local_sinks = [k for k in spec.sinks if k.id in here]
+        self.sinks: dict[str, SinkState] = {}  # opened last: nothing below may leak them
         self.sources = {
             s.id: Source(
                 s, base_dir=state_dir, overload=s.params.get("overload", self.options.overload)
@@ -337,10 +378,9 @@ class AppInstance:
                     segs = self.consumers.setdefault(src, ([], []))[0]
                     if into not in segs:
                         segs.append(into)
-        for sink in spec.sinks:
-            if sink.id in self.sinks:
-                for src in sink.inputs:
-                    self.consumers.setdefault(src, ([], []))[1].append(sink.id)
+        for sink_spec in local_sinks:
+            for src in sink_spec.inputs:
+                self.consumers.setdefault(src, ([], []))[1].append(sink_spec.id)
         #: local producer -> edges to the peers hosting its remote consumers (all records)
         self.edges: dict[str, list[OutEdge]] = {}
         #: local producer -> partitioned consumers: (consumer, one target per instance)
@@ -379,6 +419,13 @@ class AppInstance:
         self._split = {e for es in self.groups.values() for _, ts in es for e in ts}
         self.received: collections.Counter[str] = collections.Counter()
         self._partitioners: dict[int, KeyPartitioner] = {}
+        try:
+            for k in local_sinks:
+                sink = open_sink(k, out_dir=out_dir)
+                self.sinks[k.id] = SinkState(sink, dict.fromkeys(k.inputs, MIN_WATERMARK))
+        except BaseException:
+            self._close_sinks()
+            raise
 
     def _edge(self, producer: str, peer: str) -> OutEdge:
         edge = OutEdge(
@@ -547,20 +594,23 @@ class AppInstance:
                     await self._put_local(target, item)
 
     async def _put_local(self, seg: Segment, item: _Item) -> None:
+        item.sender = self.me
+        if item.records is None and _merge_wm(seg, item):
+            return
         while seg.local_items >= self.options.source_queue:
             seg.room.clear()
             await seg.room.wait()
         seg.local_items += 1
-        seg.inbox.append(item)
-        seg.wake.set()
+        _append(seg, item)
 
     # -- remote input -----------------------------------------------------------------
 
     def accept_data(self, producer: str, batch: dict[str, Any], conn: ConnectionInfo) -> None:
         """A batch from another peer: into the consuming segments' inboxes, now."""
         records, traces = _records_and_traces(batch)
-        self.received[producer] += len(records)
         segs, sinks = self._inputs_of(producer)
+        if segs or sinks:
+            self.received[producer] += len(records)
         for sink in sinks:
             self._write_sink(sink, records, traces)
         edge = str(batch["e"])
@@ -572,16 +622,16 @@ class AppInstance:
             if len(seg.inbox) > 4 * self.options.credits * max(1, len(self.consumers)) + 64:
                 msg = f"app {self.app_id}: {conn.peer_name} sent beyond its credit"
                 raise MalformedError(msg)
-            seg.inbox.append(_Item(producer, records, traces, ack=ack, sender=conn.peer_name))
-            seg.wake.set()
+            _append(seg, _Item(producer, records, traces, ack=ack, sender=conn.peer_name))
 
     async def accept_wm(self, producer: str, wm: int, wall: float, sender: str) -> None:
         segs, sinks = self._inputs_of(producer)
         for sink in sinks:
             await self._sink_wm(sink, producer, wm, sender)
         for seg in segs:
-            seg.inbox.append(_Item(producer, None, [], wm=wm, wall=wall, sender=sender))
-            seg.wake.set()
+            item = _Item(producer, None, [], wm=wm, wall=wall, sender=sender)
+            if not _merge_wm(seg, item):
+                _append(seg, item)
 
     def _inputs_of(self, producer: str) -> tuple[list[Segment], list[str]]:
         """Local consumers of what ``producer`` sends from other peers."""
@@ -617,20 +667,27 @@ class AppInstance:
                 seg.wake.clear()
                 await seg.wake.wait()
             item = seg.inbox.popleft()
+            item.popped = True
             if item.local:
                 seg.local_items -= 1
                 seg.room.set()
             if item.records is not None:
                 emitted = ex.feed(item.producer, item.records)
                 await self._forward(emitted, item.traces)
+                if item.wm_after is not None:
+                    await self._watermark(seg, item, item.wm_after, item.wall_after)
             else:
-                tracker = seg.watermarks.setdefault(item.producer, {})
-                wm = self._merged_wm(tracker, item.producer, item.sender, item.wm)
-                emitted = ex.watermark(item.producer, wm)
-                await self._forward(emitted, [(0, item.wall)], wall=item.wall)
+                await self._watermark(seg, item, item.wm, item.wall)
             seg.processed += 1
             if item.ack is not None:
                 await item.ack.done()
+            await asyncio.sleep(0)  # a full inbox must not starve the peer's other tasks
+
+    async def _watermark(self, seg: Segment, item: _Item, wm: int, wall: float) -> None:
+        tracker = seg.watermarks.setdefault(item.producer, {})
+        merged = self._merged_wm(tracker, item.producer, item.sender, wm)
+        emitted = seg.executor.watermark(item.producer, merged)
+        await self._forward(emitted, [(0, wall)], wall=wall)
 
     async def _forward(
         self, emitted: list[Emission], traces: list[TraceTag], *, wall: float | None = None
@@ -681,6 +738,7 @@ class AppInstance:
             "latency_p50_ms": _quantile(lat, 0.5),
             "latency_p99_ms": _quantile(lat, 0.99),
             "latency_samples": len(lat),
+            "latency_recent_ms": [round(x, 2) for x in list(state.latencies)[-256:]],
             "first_at": state.first_at,
             "last_at": state.last_at,
         }
@@ -720,13 +778,36 @@ def _quantile(xs: list[float], q: float) -> float | None:
     return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3)
 
 
+def _append(seg: Segment, item: _Item) -> None:
+    seg.inbox.append(item)
+    seg.last[(item.producer, item.sender)] = item
+    seg.wake.set()
+
+
+def _merge_wm(seg: Segment, item: _Item) -> bool:
+    """Fold watermark ``item`` into the queued item of its producer and sender, if any."""
+    last = seg.last.get((item.producer, item.sender))
+    if last is None or last.popped:
+        return False
+    if last.records is None:
+        if item.wm > last.wm:
+            last.wm, last.wall = item.wm, item.wall
+    elif last.wm_after is None or item.wm > last.wm_after:
+        last.wm_after, last.wall_after = item.wm, item.wall
+    return True
+
+
 def _records_and_traces(batch: dict[str, Any]) -> tuple[list[Record], list[TraceTag]]:
     records = batch.get("r")
     if not isinstance(records, list) or (records and set(map(type, records)) != {dict}):
         msg = "data batch records must be a list of maps"
         raise MalformedError(msg)
+    raw = batch.get("t", [])
+    if not isinstance(raw, list):
+        msg = "data batch traces must be a list"
+        raise MalformedError(msg)
     traces: list[TraceTag] = []
-    for t in batch.get("t", ()) or ():
+    for t in raw:
         if isinstance(t, list) and len(t) == 3 and isinstance(t[2], int | float):
             traces.append((int(t[1]) if isinstance(t[1], int) else 0, float(t[2])))
     return records, traces

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -43,6 +44,8 @@ from agiledart.runtime.links import Address, Links
 log = logging.getLogger(__name__)
 
 __all__ = ["LocalRecords", "Records", "record_key"]
+
+_KEY_RE = re.compile(f"[0-9a-fA-F]{{{2 * ids.ID_BYTES}}}")
 
 
 def record_key(namespace: str, name: str) -> int:
@@ -219,11 +222,8 @@ class Records:
 
 
 def _parse_key(raw: Any) -> int:
-    if isinstance(raw, str) and len(raw) == 2 * ids.ID_BYTES:
-        try:
-            return int(raw, 16)
-        except ValueError:
-            pass
+    if isinstance(raw, str) and _KEY_RE.fullmatch(raw):
+        return int(raw, 16)
     msg = f"record key must be {2 * ids.ID_BYTES} hex digits, got {raw!r}"
     raise StoreError(msg)
 

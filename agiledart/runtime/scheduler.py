@@ -27,6 +27,7 @@ The scheduler then follows its apps: sinks report when they are done (state
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -72,6 +73,26 @@ class SchedulerRole(Protocol):
     async def stop(self, app_id: str) -> AppRecord: ...
 
 
+#: the type of each field of an app record that comes from the store or a peer
+_RECORD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "app_id": str,
+    "name": str,
+    "spec": dict,
+    "state": str,
+    "scheduler": (list, tuple),
+    "scheduler_name": str,
+    "submitted_at": (int, float),
+    "placement": dict,
+    "sources": dict,
+    "sinks": dict,
+    "paths": list,
+    "addresses": dict,
+    "error": (str, type(None)),
+    "final": (dict, type(None)),
+    "finished_at": (int, float, type(None)),
+}
+
+
 @dataclass
 class AppRecord:
     """What the records store keeps about an app."""
@@ -99,13 +120,27 @@ class AppRecord:
 
     @classmethod
     def from_wire(cls, raw: Any) -> AppRecord:
+        """A record read from the store or sent by a peer; UnknownApp when malformed."""
         if not isinstance(raw, dict):
             msg = "app record is not a map"
             raise UnknownApp(msg)
-        d = dict(raw)
-        d["scheduler"] = tuple(d["scheduler"])
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in d.items() if k in known})
+        d = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
+        try:
+            wrong = sorted(
+                k for k, t in _RECORD_TYPES.items() if k in d and not isinstance(d[k], t)
+            )
+            if wrong:
+                msg = f"wrong type of {', '.join(wrong)}"
+                raise TypeError(msg)
+            host, port = d["scheduler"]
+            d["scheduler"] = (str(host), int(port))
+            d["addresses"] = {
+                str(p): [str(a[0]), int(a[1])] for p, a in d.get("addresses", {}).items()
+            }
+            return cls(**d)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            msg = f"app record is malformed: {type(exc).__name__}: {exc}"
+            raise UnknownApp(msg) from exc
 
     def hosts(self) -> set[str]:
         peers = {p for ps in self.placement.values() for p in ps}
@@ -170,7 +205,7 @@ class Scheduler:
                     bind(resolve(o.fn), dict(o.params))
                 except AgiledartError as exc:
                     problems.append(Problem(f"operators[{i}].fn", str(exc)))
-                except Exception as exc:
+                except (Exception, SystemExit, KeyboardInterrupt) as exc:  # user code
                     problems.append(Problem(f"operators[{i}].fn", f"{type(exc).__name__}: {exc}"))
         if problems:
             raise SpecError(problems)
@@ -206,8 +241,9 @@ class Scheduler:
     async def _deploy(
         self, rec: AppRecord, spec: AppSpec, where: dict[str, tuple[int, Address]]
     ) -> None:
-        paths = await self._join_paths(rec.app_id, spec, where)
-        infos, addresses = await self._path_peers(paths)
+        seen: dict[str, Address] = {}
+        paths = await self._join_paths(rec.app_id, spec, where, seen)
+        infos, addresses = await self._path_peers(paths, seen)
         for name, (_, addr) in where.items():
             addresses[name] = addr
         placement = place(spec, paths, infos)
@@ -238,8 +274,13 @@ class Scheduler:
         await self._save(rec)
 
     async def _join_paths(
-        self, app_id: str, spec: AppSpec, where: dict[str, tuple[int, Address]]
+        self,
+        app_id: str,
+        spec: AppSpec,
+        where: dict[str, tuple[int, Address]],
+        seen: dict[str, Address],
     ) -> dict[tuple[str, str], list[Hop]]:
+        """One JOIN path per (source, sink) pair; ``seen`` gets the path peers' addresses."""
         pairs = sorted({(c[0], sink) for sink, cs in chains(spec).items() for c in cs})
         peer_of = {s.id: s.peer for s in spec.sources} | {k.id: k.peer for k in spec.sinks}
 
@@ -263,16 +304,16 @@ class Scheduler:
                 )
                 raise DeployError(msg)
             for h in res["path"]:
-                self._seen[h["name"]] = (h["host"], int(h["port"]))
+                seen[h["name"]] = (h["host"], int(h["port"]))
             return (source, sink), hops
 
-        self._seen: dict[str, Address] = {}
         return dict(await asyncio.gather(*(join(s, k) for s, k in pairs)))
 
     async def _path_peers(
-        self, paths: Mapping[tuple[str, str], list[Hop]]
+        self, paths: Mapping[tuple[str, str], list[Hop]], seen: dict[str, Address]
     ) -> tuple[dict[str, PeerInfo], dict[str, Address]]:
-        addresses = dict(self._seen)
+        """Leaf sets of the path peers (for overflow) and every address they know."""
+        addresses = dict(seen)
         names = sorted({h.peer for hops in paths.values() for h in hops})
 
         async def info(name: str) -> tuple[str, PeerInfo]:
@@ -290,8 +331,6 @@ class Scheduler:
     async def _call(
         self, address: Address, type: str, body: dict[str, Any], *, timeout: float = 10.0
     ) -> Any:
-        if address == self.address():
-            pass  # our own server answers too: the same code path as any peer
         try:
             return await self.links.request(address, type, body, timeout=timeout)
         except OverlayError as exc:
@@ -399,16 +438,20 @@ class Scheduler:
         return rec
 
     async def list_apps(self) -> list[dict[str, Any]]:
-        ids = await self.records.get(APPS_INDEX) or []
+        ids = await self.records.get(APPS_INDEX)
+        ids = ids if isinstance(ids, list) else []
         recs = await asyncio.gather(
             *(self.records.get(record_key("app", str(i))) for i in ids), return_exceptions=True
         )
         out = []
         for app_id, raw in zip(ids, recs, strict=True):
-            if isinstance(raw, BaseException) or raw is None:
+            rec = self.apps.get(str(app_id))
+            if rec is None and not isinstance(raw, BaseException) and raw is not None:
+                with contextlib.suppress(UnknownApp):  # a malformed record: unknown
+                    rec = AppRecord.from_wire(raw)
+            if rec is None:
                 out.append({"app_id": app_id, "name": "?", "state": "unknown"})
                 continue
-            rec = self.apps.get(str(app_id)) or AppRecord.from_wire(raw)
             out.append(
                 {
                     "app_id": rec.app_id,
@@ -442,8 +485,9 @@ def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
         sinks.update(peer_stats.get("sinks", {}))
         operators.update(peer_stats.get("operators", {}))
     emitted = sum(s.get("emitted", 0) for s in sources.values())
-    lat50 = [s["latency_p50_ms"] for s in sinks.values() if s.get("latency_p50_ms") is not None]
-    lat99 = [s["latency_p99_ms"] for s in sinks.values() if s.get("latency_p99_ms") is not None]
+    # recent end-to-end latencies of every sink, merged (then dropped from the peers' part)
+    recent = sorted(x for s in sinks.values() for x in s.pop("latency_recent_ms", ()))
+    paths = list(dict.fromkeys(tuple(p) for p in rec.paths))
     return {
         "app_id": rec.app_id,
         "name": rec.name,
@@ -453,7 +497,7 @@ def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
         "placement": rec.placement,
         "sources": rec.sources,
         "sinks": rec.sinks,
-        "paths": rec.paths,
+        "paths": [list(p) for p in paths],
         "totals": {
             "source_records": emitted,
             "sink_records": sum(s.get("records", 0) for s in sinks.values()),
@@ -462,8 +506,13 @@ def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
             "late": sum(o.get("late", 0) for o in operators.values()),
             "errors": sum(o.get("errors", 0) for o in operators.values()),
             "source_rate": round(emitted / uptime, 1) if uptime > 0 else 0.0,
-            "latency_p50_ms": max(lat50) if lat50 else None,
-            "latency_p99_ms": max(lat99) if lat99 else None,
+            "latency_p50_ms": _quantile(recent, 0.5),
+            "latency_p99_ms": _quantile(recent, 0.99),
+            "latency_samples": len(recent),
         },
         "peers": stats,
     }
+
+
+def _quantile(xs: list[float], q: float) -> float | None:
+    return None if not xs else xs[min(len(xs) - 1, int(q * len(xs)))]

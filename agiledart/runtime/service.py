@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,8 @@ from agiledart.runtime.scheduler import Scheduler
 log = logging.getLogger(__name__)
 
 __all__ = ["AppRuntime"]
+
+_NODE_ID_RE = re.compile(r"[0-9a-fA-F]{40}")
 
 
 class AppRuntime:
@@ -72,6 +75,8 @@ class AppRuntime:
         )
         self.dropped: dict[str, int] = {"data_unknown_app": 0, "credit_unknown_edge": 0}
         self._group: asyncio.TaskGroup | None = None
+        self._publisher: asyncio.Task[None] | None = None
+        self._reports: set[asyncio.Task[None]] = set()
         for type, handler in self.records.handlers().items():
             frames.route(type, handler)
         routes: dict[str, Callable[[dict[str, Any], ConnectionInfo], Any]] = {
@@ -97,9 +102,15 @@ class AppRuntime:
 
     def start(self, group: asyncio.TaskGroup, joined: asyncio.Event) -> None:
         self._group = group
-        group.create_task(self._publish_loop(joined))
+        self._publisher = group.create_task(self._publish_loop(joined))
 
     async def aclose(self) -> None:
+        """Stop publishing and tear down every app instance on this peer."""
+        self._group = None
+        if self._publisher is not None:
+            self._publisher.cancel()
+        for task in list(self._reports):
+            task.cancel()
         for inst in list(self.instances.values()):
             await inst.stop()
         self.instances.clear()
@@ -173,7 +184,7 @@ class AppRuntime:
     async def _join(self, req: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:
         """Route a JOIN from this (source) peer toward a sink peer's id; the path."""
         to = req.get("to")
-        if not isinstance(to, str) or len(to) != 40:
+        if not isinstance(to, str) or not _NODE_ID_RE.fullmatch(to):
             msg = "join needs 'to': 40 hex digits"
             raise MalformedError(msg)
         payload = {"app": str(req.get("app_id")), "source": str(req.get("source"))}
@@ -197,19 +208,28 @@ class AppRuntime:
         if d.app_id in self.instances:
             return {"deployed": False}
         await self.code.fetch(code_ids_in(o.fn for o in d.spec.operators))
-        inst = AppInstance(
-            d,
-            me=self.name,
-            links=self.links,
-            resolve=self.code.resolver(),
-            state_dir=self.state_dir,
-            options=self.options,
-            on_sink_done=lambda sink, info: self._report_done(d, sink, info),
-            on_failed=lambda error: self._report_failed(d, error),
-        )
+        if d.app_id in self.instances:  # deployed by a concurrent request meanwhile
+            return {"deployed": False}
         if self._group is None:
             msg = "this peer is not running"
             raise ExecutionError(msg)
+        try:
+            inst = AppInstance(
+                d,
+                me=self.name,
+                links=self.links,
+                resolve=self.code.resolver(),
+                state_dir=self.state_dir,
+                options=self.options,
+                on_sink_done=lambda sink, info: self._report_done(d, sink, info),
+                on_failed=lambda error: self._report_failed(d, error),
+            )
+        except AgiledartError:
+            raise
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # user code (a factory) too
+            log.warning("cannot build app %s here", d.app_id, exc_info=True)
+            msg = f"app {d.app_id} cannot run on {self.name}: {type(exc).__name__}: {exc}"
+            raise ExecutionError(msg) from exc
         inst.launch(self._group)
         self.instances[d.app_id] = inst
         return {"deployed": True, "operators": inst.local_ops}
@@ -243,7 +263,9 @@ class AppRuntime:
     async def _report_done(self, d: Deployment, sink: str, info: dict[str, Any]) -> None:
         body = {"app_id": d.app_id, "sink": sink, "info": info}
         if self._group is not None:
-            self._group.create_task(self._tell(d.scheduler, "app_sink_done", body))
+            task = self._group.create_task(self._tell(d.scheduler, "app_sink_done", body))
+            self._reports.add(task)
+            task.add_done_callback(self._reports.discard)
 
     async def _report_failed(self, d: Deployment, error: str) -> None:
         await self._tell(d.scheduler, "app_failed", {"app_id": d.app_id, "error": error})

@@ -232,3 +232,10 @@ def test_merge_with_no_common_peer() -> None:
     with pytest.raises(PlacementError, match=r"operator 'u'.*share no peer") as info:
         place(app.build(), paths)
     assert isinstance(info.value, AppError)
+
+
+def test_on_equal_capacity_overflow_shares_the_path_node_before_leaf_peers() -> None:
+    """Data locality: with nothing to choose between them, the chain stays on the path."""
+    peers = {"F": PeerInfo(("L1", "L2"), 1.0), "L1": PeerInfo(), "L2": PeerInfo()}
+    p = place(chain_app(), {("s", "k"): hops("A", "F")}, peers, slot_limit=2)
+    assert dict(p.operators) == {"f": ("F",), "kb": ("F",), "w": ("L1",)}
