@@ -14,8 +14,9 @@ hosts each node, peer addresses). Each peer builds an :class:`AppInstance` from 
   form a DAG like the app, so back-pressure cannot deadlock).
 * **Edges.** Records for a node on another peer leave through an :class:`OutEdge`
   (one per producer and destination peer): batches of up to ``batch_records`` records,
-  flushed when full or ``linger_s`` after the first record waited (whichever comes
-  first), sent as one-way ``data`` frames, each costing one credit. The receiver puts
+  flushed when full, when the task producing them has nothing more to do, or
+  ``linger_s`` after the first record waited, whichever comes first; sent as one-way
+  ``data`` frames, each costing one credit. The receiver puts
   the batch in the consuming segments' inboxes and sends one ``credit`` back when all
   of them have processed it, so each edge holds at most ``credits`` batches in
   flight and the receiver's memory is bounded whatever the input rate. Watermarks
@@ -192,6 +193,11 @@ class OutEdge:
         self._seq = 0
         self._timer: asyncio.TimerHandle | None = None
         self._spawn = spawn
+
+    @property
+    def pending(self) -> int:
+        """Records waiting for their batch to fill (or for the linger to end)."""
+        return len(self._pending)
 
     def grant(self, n: int) -> None:
         self.window.grant(n)
@@ -515,6 +521,9 @@ class AppInstance:
         async def emit(records: list[Record]) -> None:
             traces = self._sample(len(records))
             await self._deliver(sid, records, traces, local=True)
+            for edge in self.edges.get(sid, ()):  # a source's batch leaves whole
+                if edge.pending:
+                    await edge.flush()
             if loop.time() - last_wm[0] < interval:
                 # between watermarks only the last record's ts counts: the watermark can
                 # only come out lower (later), which never makes a record late
@@ -681,6 +690,11 @@ class AppInstance:
             seg.processed += 1
             if item.ack is not None:
                 await item.ack.done()
+            if not seg.inbox:  # idle: what waits for the batch to fill leaves now
+                for op in seg.ops:
+                    for edge in self.edges.get(op, ()):
+                        if edge.pending:
+                            await edge.flush()
             await asyncio.sleep(0)  # a full inbox must not starve the peer's other tasks
 
     async def _watermark(self, seg: Segment, item: _Item, wm: int, wall: float) -> None:
