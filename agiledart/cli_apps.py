@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -36,10 +37,12 @@ def add_parsers(
 
     p = command(
         "register",
-        "register a Python module of functions",
-        "Store a module under its sha256 (the code id) so apps can use '<code_id>:<function>'.",
+        "register a module or package of functions",
+        "Store a Python module (a .py file) or a package (a directory with __init__.py) "
+        "under the sha256 of its content, the code id, so apps can use "
+        "'<code_id>:<function>'. Registering the same bytes again stores nothing new.",
     )
-    p.add_argument("bundle", type=Path, help="the module, e.g. bundle.py")
+    p.add_argument("bundle", type=Path, help="a module (bundle.py) or a package directory")
     p.set_defaults(func=lambda a: _register(a, call, run))
 
     p = command(
@@ -81,14 +84,28 @@ def add_parsers(
 
 
 def _register(args: argparse.Namespace, call: Call, run: Callable[[Any], Any]) -> int:
+    from agiledart.runtime.code import Bundle
+
     path: Path = args.bundle
     try:
-        source = path.read_bytes()
+        bundle = Bundle.from_path(path)
     except OSError as exc:
         msg = f"cannot read {path}: {exc.strerror or exc}"
         raise AppError(msg) from None
-    res = run(call(args, "register", {"source": source, "name": path.name}))
-    print(json.dumps(res) if args.json else res["code_id"])
+    if bundle.kind == "package":
+        body: dict[str, Any] = {"kind": "package", "name": bundle.name, "files": dict(bundle.files)}
+    else:
+        body = {"source": bundle.files[0][1], "name": path.name}
+    res = run(call(args, "register", body))
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print(res["code_id"])
+        print(
+            f"{bundle.kind} {bundle.name}: {res['size']:,} bytes, "
+            + ("stored" if res["stored"] else "already registered (nothing stored)"),
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -204,6 +204,11 @@ class Peer:
             "leaf_set": [c.name or f"{c.node_id:040x}" for c in leaf],
             "stats": dict(node.stats),
             "apps": sorted(self.runtime.instances),
+            "records": {
+                "count": len(self.runtime.records.local),
+                "bytes": self.runtime.records.local.bytes,
+            },
+            "code_loaded": self.runtime.code.loaded,
             "frames": dataclasses.asdict(self.frames.statistics()),
         }
 

@@ -65,6 +65,11 @@ class LocalRecords:
     def __len__(self) -> int:
         return len(self._items)
 
+    @property
+    def bytes(self) -> int:
+        """Encoded size of everything held."""
+        return self._bytes
+
     def get(self, key: int) -> tuple[int, Any] | None:
         item = self._items.get(key)
         return None if item is None else (item[0], item[1])

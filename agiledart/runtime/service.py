@@ -29,7 +29,7 @@ from agiledart.errors import AgiledartError
 from agiledart.overlay.errors import MalformedError, OverlayError
 from agiledart.overlay.node import Delivery, OverlayNode
 from agiledart.overlay.tcp import ConnectionInfo, FrameServer
-from agiledart.runtime.code import CodeStore, code_ids_in
+from agiledart.runtime.code import Bundle, CodeStore, code_ids_in, identifier
 from agiledart.runtime.errors import UnknownApp
 from agiledart.runtime.instance import AppInstance, Deployment, InstanceOptions
 from agiledart.runtime.links import Address, Links
@@ -153,12 +153,27 @@ class AppRuntime:
     # -- client-facing ----------------------------------------------------------------
 
     async def _register(self, req: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:
-        source = req.get("source")
-        if not isinstance(source, bytes):
-            msg = "register needs 'source': the module's bytes"
-            raise MalformedError(msg)
-        code_id = await self.code.register(source, str(req.get("name") or "bundle.py"))
-        return {"code_id": code_id}
+        """A module (``source``: bytes) or a package (``kind: package``, ``name``,
+        ``files``: {relative path: bytes}); its code id and whether it was new."""
+        if req.get("kind") == "package":
+            files, name = req.get("files"), req.get("name")
+            if (
+                not isinstance(name, str)
+                or not isinstance(files, dict)
+                or not all(isinstance(k, str) and isinstance(v, bytes) for k, v in files.items())
+            ):
+                msg = "register of a package needs 'name' and 'files': {path: bytes}"
+                raise MalformedError(msg)
+            bundle = Bundle.package(name, files)
+        else:
+            source = req.get("source")
+            if not isinstance(source, bytes):
+                msg = "register needs 'source': the module's bytes"
+                raise MalformedError(msg)
+            stem = Path(str(req.get("name") or "bundle.py")).stem
+            bundle = Bundle.module(source, identifier(stem))
+        code_id, stored = await self.code.register_bundle(bundle)
+        return {"code_id": code_id, "stored": stored, "size": len(bundle.content)}
 
     async def _submit(self, req: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:
         spec = req.get("spec")

@@ -12,7 +12,7 @@ import pytest
 
 from agiledart.app import AppSpec, parse_spec
 from agiledart.app.errors import ExecutionError, SpecError
-from agiledart.runtime.code import CodeStore, code_id_of, code_ids_in
+from agiledart.runtime.code import Bundle, CodeStore, code_id_of, code_ids_in
 from agiledart.runtime.errors import CodeError, StoreError, UnknownApp
 from agiledart.runtime.instance import Deployment, _partition_key, _segments
 from agiledart.runtime.records import LocalRecords, record_key
@@ -96,7 +96,8 @@ async def test_register_returns_the_sha256_of_the_source(tmp_path: Path) -> None
     store = CodeStore(None, tmp_path / "code")
     code_id = await store.register(BUNDLE, "double.py")
     assert code_id == hashlib.sha256(BUNDLE).hexdigest() == code_id_of(BUNDLE)
-    assert (tmp_path / "code" / f"{code_id}.py").read_bytes() == BUNDLE
+    cached = msgpack.unpackb((tmp_path / "code" / f"{code_id}.bundle").read_bytes())
+    assert cached == ["module", "double", BUNDLE]
     assert store.compile(BUNDLE) == code_id
 
 
@@ -122,9 +123,10 @@ async def test_fetching_an_unknown_id_is_not_registered(tmp_path: Path) -> None:
 
 async def test_a_cached_file_with_the_wrong_digest_is_refused(tmp_path: Path) -> None:
     code_id = code_id_of(BUNDLE)
-    (tmp_path / f"{code_id}.py").write_bytes(BUNDLE + b"import os\n")
+    tampered = msgpack.packb(["module", "double", BUNDLE + b"import os\n"])
+    (tmp_path / f"{code_id}.bundle").write_bytes(tampered)
     store = CodeStore(None, tmp_path)
-    with pytest.raises(CodeError, match="wrong digest"):
+    with pytest.raises(CodeError, match=r"cached copy .* is corrupt"):
         await store.fetch([code_id])
 
 
@@ -432,3 +434,51 @@ async def test_registered_code_that_exits_at_run_time_is_a_bad_record(tmp_path: 
     executor = Executor(spec, store.resolver(), operators=["m"])
     executor.feed("src", [{"ts": 1}])
     assert executor.operators["m"].stats.errors == 1
+
+
+# -- bundles -------------------------------------------------------------------------------
+
+
+def test_a_package_bundle_is_canonical_whatever_the_order_of_its_files() -> None:
+    files = {"__init__.py": b"from .util import twice\n", "util.py": b"def twice(r): return r\n"}
+    a = Bundle.package("tools", files)
+    b = Bundle.package("tools", dict(reversed(files.items())))
+    assert a.code_id == b.code_id
+    assert Bundle.from_content("package", "tools", a.content) == a
+    assert Bundle.package("tools", {**files, "util.py": b"# changed\n"}).code_id != a.code_id
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"util.py": b""}, "no __init__.py"),
+        ({"__init__.py": b"", "../escape.py": b""}, "must be relative"),
+        ({"__init__.py": b"", "/abs.py": b""}, "must be relative"),
+    ],
+)
+def test_bad_package_bundles_are_refused(files: dict[str, bytes], message: str) -> None:
+    with pytest.raises(CodeError, match=message):
+        Bundle.package("tools", files)
+
+
+def test_a_corrupt_archive_is_a_code_error() -> None:
+    with pytest.raises(CodeError, match="corrupt archive"):
+        Bundle.from_content("package", "tools", b"\x93garbage")
+
+
+async def test_a_package_loads_with_relative_imports(tmp_path: Path) -> None:
+    src = tmp_path / "tools"
+    (src / "sub").mkdir(parents=True)
+    (src / "__init__.py").write_text("from .sub.scale import triple\n")
+    (src / "sub" / "__init__.py").write_text("")
+    (src / "sub" / "scale.py").write_text("def triple(r):\n    return {**r, 'v': 3 * r['v']}\n")
+    (src / "__pycache__").mkdir()
+    (src / "__pycache__" / "junk.pyc").write_bytes(b"\0")
+    bundle = Bundle.from_path(src)
+    assert [p for p, _ in bundle.files] == ["__init__.py", "sub/__init__.py", "sub/scale.py"]
+    store = CodeStore(None, tmp_path / "cache")
+    code_id, stored = await store.register_bundle(bundle)
+    assert not stored  # no records store here
+    fresh = CodeStore(None, tmp_path / "cache")  # from the disk cache
+    await fresh.fetch([code_id])
+    assert fresh.resolver()(f"{code_id}:triple")({"v": 2}) == {"v": 6}
