@@ -209,6 +209,7 @@ class Peer:
                 "bytes": self.runtime.records.local.bytes,
             },
             "code_loaded": self.runtime.code.loaded,
+            "query_groups": self.runtime.query_groups(),
             "frames": dataclasses.asdict(self.frames.statistics()),
         }
 

@@ -115,6 +115,15 @@ class AppRuntime:
             await inst.stop()
         self.instances.clear()
 
+    def query_groups(self) -> dict[str, int]:
+        """Instances here per registered bundle (Pluto's query groups): every query of a
+        group runs on this peer's loop with the bundle's one code object."""
+        groups: dict[str, int] = {}
+        for inst in self.instances.values():
+            for code_id in sorted(code_ids_in(o.fn for o in inst.spec.operators)):
+                groups[code_id] = groups.get(code_id, 0) + 1
+        return groups
+
     # -- peer directory ---------------------------------------------------------------
 
     def names(self) -> list[str]:
