@@ -125,10 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from agiledart.cli_apps import add_parsers as add_app_commands
     from agiledart.emulate import add_parser as add_emulate
+    from agiledart.sensors import add_parser as add_sensors
 
     add_app_commands(sub, _add_via, call_peer, _run)
 
     add_emulate(sub)
+    add_sensors(sub)
     return parser
 
 

@@ -209,7 +209,8 @@ def _print_status(s: dict[str, Any]) -> None:
         lat = t.get("latency_p50_ms")
         print(
             f"  records: {t['source_records']} in, {t['sink_records']} out, "
-            f"{t['delayed']} delayed, {t['shed']} shed, {t['late']} late, {t['errors']} errors"
+            f"{t['delayed']} delayed, {t['shed']} shed, {t['late']} late, {t['errors']} errors, "
+            f"{t.get('dropped', 0)} dropped"
             + (
                 f"; latency p50 {lat} ms, p99 {t.get('latency_p99_ms')} ms"
                 if lat is not None

@@ -211,6 +211,7 @@ class Peer:
             "code_loaded": self.runtime.code.loaded,
             "query_groups": self.runtime.query_groups(),
             "frames": dataclasses.asdict(self.frames.statistics()),
+            "mqtt": dataclasses.asdict(self.runtime.brokers.statistics()),
         }
 
     async def _ring(self, request: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:

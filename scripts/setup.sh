@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up agiledart on a fresh Debian, Ubuntu or Raspberry Pi OS machine: the system
 # packages it needs (a C compiler and Python headers: zfec builds from source where no
-# wheel exists, e.g. on aarch64), a virtualenv in .venv, and the package with its
-# development tools. Safe to run again: it only installs what is missing.
+# wheel exists, e.g. on aarch64; the Mosquitto MQTT broker, which the MQTT tests run),
+# a virtualenv in .venv, and the package with its development tools. Safe to run
+# again: it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +20,7 @@ import os, sys, sysconfig
 sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)
 PYEOF
 "$PY" -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
 if ((${#need[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "installing system packages: ${need[*]}"

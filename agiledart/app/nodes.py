@@ -132,6 +132,8 @@ class NodeParser:
                 params.setdefault("out_of_order_ms", params.get("disorder_ms", 0))
             if conn == "file":
                 self.file_format(f"{path}.params", params)
+            if conn == "mqtt":
+                self.mqtt_params(f"{path}.params", params)
         if isinstance(d.get("id"), str):
             self.inputs[d["id"]] = (path, ())
         return SourceSpec(id=str(d.get("id")), peer=peer, connector=conn, params=freeze(params))
@@ -151,6 +153,8 @@ class NodeParser:
             )
             if conn == "file":
                 self.file_format(f"{path}.params", params)
+            if conn == "mqtt":
+                self.mqtt_params(f"{path}.params", params)
         inputs = self.input_list(path, d, "sink", at_least=1, at_most=None)
         return SinkSpec(
             id=str(d.get("id")), peer=peer, connector=conn, inputs=inputs, params=freeze(params)
@@ -168,6 +172,21 @@ class NodeParser:
             )
         else:
             params["format"] = fmt
+
+    def mqtt_params(self, path: str, params: dict[str, Any]) -> None:
+        if "password" in params and "password_env" in params:
+            self.add(
+                f"{path}.password_env",
+                "give password or password_env (the peer's environment variable), not both",
+            )
+        if "ca_file" in params and not params.get("tls"):
+            self.add(f"{path}.ca_file", "a CA file is for TLS: add tls: true, or remove it")
+        topic_field = params.get("topic_field")
+        if topic_field is not None and topic_field in params.get("fields", {}):
+            self.add(
+                f"{path}.topic_field",
+                f"{topic_field!r} is also a key of fields: name the topic field differently",
+            )
 
     def operator(self, i: int, raw: Any) -> OperatorSpec:
         path = f"operators[{i}]"

@@ -16,6 +16,7 @@ from typing import Any
 
 from agiledart.app.errors import Problem
 from agiledart.app.spec import AGGREGATES, CHECKPOINT_MODES, DATASETS
+from agiledart.app.topics import filter_problem, template_problem
 
 __all__ = [
     "CHECKPOINT_PARAMS",
@@ -59,6 +60,31 @@ _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "str": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
     "strs": (_strs, "a field name or a list of field names"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "fieldmap": (
+        lambda v: (
+            isinstance(v, Mapping)
+            and bool(v)
+            and all(isinstance(k, str) and k and isinstance(x, str) and x for k, x in v.items())
+        ),
+        "a mapping of record field to payload key, e.g. {value: v, ts: time}",
+    ),
+}
+
+
+def _hostport_problem(v: str) -> str | None:
+    host, sep, port = v.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return "give the host and a port in 1-65535"
+    return None
+
+
+#: kind -> (what is wrong with a string, or None; description used in messages)
+_STRING_KINDS: dict[str, tuple[Callable[[str], str | None], str]] = {
+    "hostport": (_hostport_problem, "HOST:PORT, e.g. localhost:1883"),
+    "topic_filter": (filter_problem, "an MQTT topic filter, e.g. sensors/+/pollution"),
+    "topic_template": (template_problem, "an MQTT topic with {field} placeholders, e.g. out/{key}"),
 }
 
 
@@ -74,11 +100,18 @@ class Param:
     def describe(self) -> str:
         if self.kind == "enum":
             return "one of " + ", ".join(str(c) for c in self.choices)
+        if self.kind in _STRING_KINDS:
+            return _STRING_KINDS[self.kind][1]
         what = _KINDS[self.kind][1]
         return f"{what} ({self.unit})" if self.unit else what
 
     def check(self, value: Any) -> str | None:
         """None if ``value`` is acceptable, else what is wrong with it."""
+        if self.kind in _STRING_KINDS:
+            if not isinstance(value, str):
+                return f"must be {self.describe()}, got {value!r}"
+            bad = _STRING_KINDS[self.kind][0](value)
+            return None if bad is None else f"must be {self.describe()}: {bad}, got {value!r}"
         ok = value in self.choices if self.kind == "enum" else _KINDS[self.kind][0](value)
         if ok:
             return None
@@ -137,10 +170,19 @@ DATASET_PARAMS: Mapping[str, tuple[Param, ...]] = {
     "counter": (_p("keys", "posint", default=16),),
 }
 _FORMATS = ("jsonl", "csv")
+_MQTT_FORMATS = ("json", "msgpack")
+#: Broker connection and payload parameters of mqtt sources and sinks. Secrets: prefer
+#: ``password_env`` (an environment variable of the peer) to ``password`` in the spec.
 _MQTT = (
-    _p("topic", "str", required=True),
-    _p("broker", "str", default="localhost:1883"),
-    _p("qos", "enum", default=0, choices=(0, 1, 2)),
+    _p("broker", "hostport", default="localhost:1883"),
+    _p("qos", "enum", default=0, choices=(0, 1)),
+    _p("format", "enum", default="json", choices=_MQTT_FORMATS),
+    _p("tls", "bool", default=False),
+    _p("ca_file", "str"),
+    _p("username", "str"),
+    _p("password", "str"),
+    _p("password_env", "str"),
+    _p("buffer", "posint", default=10_000, unit="records"),
 )
 SOURCE_PARAMS: Mapping[str, tuple[Param, ...]] = {
     "generator": _GENERATOR_COMMON,
@@ -152,11 +194,23 @@ SOURCE_PARAMS: Mapping[str, tuple[Param, ...]] = {
         _p("speedup", "posnum", unit="times the rate, when replayed by a peer"),
         _p("overload", "enum", choices=("block", "shed")),
     ),
-    "mqtt": (*_MQTT, _p("out_of_order_ms", "nonnegint", default=1000, **_MS)),
+    "mqtt": (
+        _p("topic", "topic_filter", required=True),
+        *_MQTT,
+        _p("fields", "fieldmap"),
+        _p("topic_field", "str"),
+        _p("count", "nonnegint"),
+        _p("overload", "enum", default="shed-oldest", choices=("shed-oldest", "shed-newest")),
+        _p("out_of_order_ms", "nonnegint", default=1000, **_MS),
+    ),
 }
 SINK_PARAMS: Mapping[str, tuple[Param, ...]] = {
     "file": (_p("path", "str", required=True), _p("format", "enum", choices=_FORMATS)),
-    "mqtt": _MQTT,
+    "mqtt": (
+        _p("topic", "topic_template", required=True),
+        *_MQTT,
+        _p("drain_timeout_ms", "nonnegint", default=30_000, **_MS),
+    ),
     "stdout": (),
     "discard": (),
 }

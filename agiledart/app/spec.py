@@ -198,11 +198,8 @@ class AppSpec:
 
     @property
     def finite(self) -> bool:
-        """Whether every source ends (a file, or a generator with a ``count``)."""
-        return all(
-            s.connector == "file" or (s.connector == "generator" and "count" in s.params)
-            for s in self.sources
-        )
+        """Whether every source ends (a file, or a generator or mqtt source with a ``count``)."""
+        return all(s.connector == "file" or "count" in s.params for s in self.sources)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for storage; ``parse_spec(spec.to_dict()) == spec``."""

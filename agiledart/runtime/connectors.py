@@ -22,6 +22,10 @@ A :class:`Sink` takes batches of records: ``file`` sinks write JSONL or CSV, buf
 until :meth:`~Sink.flush`; the ``stdout`` sink writes JSONL lines to a stream. JSON has
 no bytes and no NaN: bytes values become hex strings, non-finite floats ``null``.
 Failures become :class:`~agiledart.app.errors.ExecutionError` naming the node.
+
+``mqtt`` sources and sinks live in :mod:`agiledart.runtime.mqtt` and need the peer's
+:class:`~agiledart.runtime.mqtt.BrokerPool`: :func:`open_source` and :func:`open_sink`
+make them when given one.
 """
 
 from __future__ import annotations
@@ -38,13 +42,16 @@ import time
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol, TextIO
+from typing import IO, TYPE_CHECKING, Any, Protocol, TextIO
 
 from agiledart.app.errors import ExecutionError
 from agiledart.app.local import source_batches
 from agiledart.app.spec import SinkSpec, SourceSpec
 from agiledart.datasets import ParseStats, generate_batches, generator_kwargs
 from agiledart.operators import Record
+
+if TYPE_CHECKING:
+    from agiledart.runtime.mqtt import BrokerPool
 
 __all__ = [
     "OVERLOAD_POLICIES",
@@ -53,14 +60,16 @@ __all__ = [
     "Sink",
     "SinkStatistics",
     "Source",
+    "SourceConnector",
     "SourceStatistics",
     "StdoutSink",
     "json_line",
     "open_sink",
+    "open_source",
 ]
 
 OVERLOAD_POLICIES = ("block", "shed")
-_MQTT = "the mqtt connector arrives with the MQTT issue"
+_MQTT = "the mqtt connector needs the peer's broker pool (agiledart.runtime.mqtt)"
 #: Slack, in records, for float rounding in the schedule (a record due "now" is due).
 _EPS = 1e-6
 
@@ -99,6 +108,35 @@ class SourceStatistics:
     batches: int = 0
     parse_errors: int = 0
     finished: bool = False
+
+
+class SourceConnector(Protocol):
+    """What a peer runs for a source: :class:`Source`, or an mqtt source."""
+
+    @property
+    def spec(self) -> SourceSpec: ...
+
+    @property
+    def stats(self) -> SourceStatistics: ...
+
+    async def run(self, emit: Callable[[list[Record]], Awaitable[None]]) -> None:
+        """Hand every record to ``emit`` (which may block); return when they end."""
+        ...
+
+
+def open_source(
+    spec: SourceSpec,
+    *,
+    base_dir: str | os.PathLike[str],
+    overload: str = "block",
+    brokers: BrokerPool | None = None,
+) -> SourceConnector:
+    """The source ``spec`` describes; an mqtt source subscribes through ``brokers``."""
+    if spec.connector == "mqtt" and brokers is not None:
+        from agiledart.runtime.mqtt import MqttSource  # mqtt imports this module
+
+        return MqttSource(spec, brokers=brokers)
+    return Source(spec, base_dir=base_dir, overload=overload)
 
 
 class Source:
@@ -215,11 +253,15 @@ class Source:
 
 @dataclass(slots=True)
 class SinkStatistics:
-    """What a sink has written: records, batches, encoded bytes."""
+    """What a sink has written (records, batches, encoded bytes) and what it could not:
+    records ``dropped`` (an mqtt sink's buffer overflowed) and ``errors`` (records that
+    cannot be written, e.g. with no field for the topic)."""
 
     records: int = 0
     batches: int = 0
     bytes: int = 0
+    dropped: int = 0
+    errors: int = 0
 
 
 class Sink(Protocol):
@@ -413,9 +455,14 @@ class DiscardSink:
 
 
 def open_sink(
-    spec: SinkSpec, *, out_dir: str | os.PathLike[str], stdout: TextIO | None = None
+    spec: SinkSpec,
+    *,
+    out_dir: str | os.PathLike[str],
+    stdout: TextIO | None = None,
+    brokers: BrokerPool | None = None,
 ) -> Sink:
-    """The sink ``spec`` describes; a relative file ``path`` is under ``out_dir``."""
+    """The sink ``spec`` describes; a relative file ``path`` is under ``out_dir``; an
+    mqtt sink publishes through ``brokers`` (its owner runs its publisher)."""
     if spec.connector == "file":
         return FileSink(spec, out_dir=out_dir)
     if spec.connector == "stdout":
@@ -423,7 +470,11 @@ def open_sink(
     if spec.connector == "discard":
         return DiscardSink(spec)
     if spec.connector == "mqtt":
-        msg = f"sink {spec.id!r}: {_MQTT}"
-        raise ExecutionError(msg)
+        if brokers is None:
+            msg = f"sink {spec.id!r}: {_MQTT}"
+            raise ExecutionError(msg)
+        from agiledart.runtime.mqtt import MqttSink  # mqtt imports this module
+
+        return MqttSink(spec, brokers=brokers)
     msg = f"sink {spec.id!r}: unknown connector {spec.connector!r}"
     raise ExecutionError(msg)

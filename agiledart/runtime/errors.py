@@ -6,14 +6,15 @@
     ├── UnknownApp      no app with that id (in the records store)
     ├── CodeError       a code id that is not registered, or a module that does not load
     ├── StoreError      the records store could not read or write a record
-    └── DeployError     an app could not be placed or deployed (nothing is left running)
+    ├── DeployError     an app could not be placed or deployed (nothing is left running)
+    └── BrokerError     an MQTT broker cannot be reached now, or refused a request (remote)
 """
 
 from __future__ import annotations
 
 from agiledart.app.errors import AppError
 
-__all__ = ["CodeError", "DeployError", "StoreError", "UnknownApp"]
+__all__ = ["BrokerError", "CodeError", "DeployError", "StoreError", "UnknownApp"]
 
 
 class UnknownApp(AppError):
@@ -30,3 +31,7 @@ class StoreError(AppError):
 
 class DeployError(AppError):
     """Placement or deployment failed; every instance already deployed was torn down."""
+
+
+class BrokerError(AppError):
+    """An MQTT broker is not connected now, or refused a subscribe or a publish."""

@@ -58,8 +58,9 @@ from agiledart.operators import BoundedOutOfOrderness
 from agiledart.operators.base import FINAL_WATERMARK, MIN_WATERMARK, Record
 from agiledart.overlay.errors import MalformedError, OverlayError
 from agiledart.overlay.tcp import ConnectionInfo
-from agiledart.runtime.connectors import Sink, Source, open_sink
+from agiledart.runtime.connectors import Sink, SourceConnector, open_sink, open_source
 from agiledart.runtime.links import Address, Links
+from agiledart.runtime.mqtt import BrokerPool, MqttSink
 
 log = logging.getLogger(__name__)
 
@@ -333,6 +334,7 @@ class AppInstance:
         options: InstanceOptions | None = None,
         on_sink_done: Callable[[str, dict[str, Any]], Awaitable[None]],
         on_failed: Callable[[str], Awaitable[None]],
+        brokers: BrokerPool | None = None,
     ) -> None:
         self.deployment = d = deployment
         self.app_id = d.app_id
@@ -367,8 +369,11 @@ class AppInstance:
         local_sinks = [k for k in spec.sinks if k.id in here]
         self.sinks: dict[str, SinkState] = {}  # opened last: nothing below may leak them
         self.sources = {
-            s.id: Source(
-                s, base_dir=state_dir, overload=s.params.get("overload", self.options.overload)
+            s.id: open_source(
+                s,
+                base_dir=state_dir,
+                overload=s.params.get("overload", self.options.overload),
+                brokers=brokers,
             )
             for s in spec.sources
             if s.id in here
@@ -427,7 +432,7 @@ class AppInstance:
         self._partitioners: dict[int, KeyPartitioner] = {}
         try:
             for k in local_sinks:
-                sink = open_sink(k, out_dir=out_dir)
+                sink = open_sink(k, out_dir=out_dir, brokers=brokers)
                 self.sinks[k.id] = SinkState(sink, dict.fromkeys(k.inputs, MIN_WATERMARK))
         except BaseException:
             self._close_sinks()
@@ -486,6 +491,9 @@ class AppInstance:
                     group.create_task(self._segment_loop(seg))
                 for sid, source in self.sources.items():
                     group.create_task(self._source_loop(sid, source))
+                for state in self.sinks.values():
+                    if isinstance(state.sink, MqttSink):  # its publisher
+                        group.create_task(state.sink.run())
                 group.create_task(self._until_failed())  # sinks stay open until stopped
         except* Exception as eg:
             exc = eg.exceptions[0]
@@ -510,7 +518,7 @@ class AppInstance:
 
     # -- sources ----------------------------------------------------------------------
 
-    async def _source_loop(self, sid: str, source: Source) -> None:
+    async def _source_loop(self, sid: str, source: SourceConnector) -> None:
         await self._started.wait()
         wmgen = BoundedOutOfOrderness(source.spec.params.get("out_of_order_ms", 0))
         interval = self.options.watermark_interval_s
@@ -737,6 +745,13 @@ class AppInstance:
             return
         state.done = True
         state.sink.flush()
+        if isinstance(state.sink, MqttSink):  # done once the broker has it all
+            self._spawn(self._drained(sink_id, state.sink))
+            return
+        await self.on_sink_done(sink_id, self.sink_info(sink_id))
+
+    async def _drained(self, sink_id: str, sink: MqttSink) -> None:
+        await sink.drain()  # what it cannot publish in time it drops, and counts
         await self.on_sink_done(sink_id, self.sink_info(sink_id))
 
     # -- statistics -------------------------------------------------------------------
@@ -747,6 +762,8 @@ class AppInstance:
         path = state.sink.path
         return {
             "records": state.sink.stats.records,
+            "dropped": state.sink.stats.dropped,
+            "errors": state.sink.stats.errors,
             "done": state.done,
             "path": None if path is None else str(path),
             "latency_p50_ms": _quantile(lat, 0.5),

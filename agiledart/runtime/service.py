@@ -33,6 +33,7 @@ from agiledart.runtime.code import Bundle, CodeStore, code_ids_in, identifier
 from agiledart.runtime.errors import UnknownApp
 from agiledart.runtime.instance import AppInstance, Deployment, InstanceOptions
 from agiledart.runtime.links import Address, Links
+from agiledart.runtime.mqtt import BrokerPool
 from agiledart.runtime.records import Records, record_key
 from agiledart.runtime.scheduler import Scheduler
 
@@ -64,6 +65,8 @@ class AppRuntime:
         self.records = Records(overlay, links)
         self.code = CodeStore(self.records, state_dir / "code")
         self.instances: dict[str, AppInstance] = {}
+        #: the peer's MQTT connections, one per broker, shared by all its apps
+        self.brokers = BrokerPool(client_id=f"agiledart-{name}")
         self.scheduler = Scheduler(
             name=name,
             address=lambda: self.overlay.address,
@@ -103,6 +106,7 @@ class AppRuntime:
     def start(self, group: asyncio.TaskGroup, joined: asyncio.Event) -> None:
         self._group = group
         self._publisher = group.create_task(self._publish_loop(joined))
+        self.brokers.start(group)
 
     async def aclose(self) -> None:
         """Stop publishing and tear down every app instance on this peer."""
@@ -114,6 +118,7 @@ class AppRuntime:
         for inst in list(self.instances.values()):
             await inst.stop()
         self.instances.clear()
+        await self.brokers.aclose()
 
     def query_groups(self) -> dict[str, int]:
         """Instances here per registered bundle (Pluto's query groups): every query of a
@@ -247,6 +252,7 @@ class AppRuntime:
                 options=self.options,
                 on_sink_done=lambda sink, info: self._report_done(d, sink, info),
                 on_failed=lambda error: self._report_failed(d, error),
+                brokers=self.brokers,
             )
         except AgiledartError:
             raise

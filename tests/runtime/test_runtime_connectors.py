@@ -181,7 +181,7 @@ async def test_missing_file_and_mqtt(tmp_path: Path) -> None:
     src = Source(source_spec("file", path="nope.csv"), base_dir=tmp_path)
     with pytest.raises(ExecutionError, match=r"'src'.*nope\.csv"):
         await src.run(Collector())
-    with pytest.raises(ExecutionError, match="MQTT issue"):
+    with pytest.raises(ExecutionError, match="needs the peer's broker pool"):
         Source(source_spec("mqtt", topic="t"), base_dir=tmp_path)
     with pytest.raises(ExecutionError, match="overload"):
         Source(source_spec(dataset="counter", rate=1), base_dir=tmp_path, overload="drop")
@@ -330,7 +330,7 @@ def test_stdout_sink() -> None:
 
 
 def test_open_sink_errors(tmp_path: Path) -> None:
-    with pytest.raises(ExecutionError, match="the mqtt connector arrives with the MQTT issue"):
+    with pytest.raises(ExecutionError, match="mqtt connector needs the peer's broker pool"):
         open_sink(sink_spec("mqtt", topic="t"), out_dir=tmp_path)
     (tmp_path / "dir.jsonl").mkdir()
     with pytest.raises(ExecutionError, match=r"sink 'out': cannot write"):

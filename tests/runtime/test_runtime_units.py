@@ -390,12 +390,14 @@ def test_status_totals_add_up_the_peers_statistics() -> None:
             "uptime_s": 2.0,
             "sources": {"src": {"emitted": 100, "delayed": 3, "shed": 1}},
             "operators": {"a": {"late": 1, "errors": 0}, "d": {"late": 0, "errors": 2}},
-            "sinks": {"out": {"records": 90, "latency_recent_ms": [9.0, 1.0, 3.0]}},
+            "sinks": {
+                "out": {"records": 90, "dropped": 4, "errors": 1, "latency_recent_ms": [9.0, 1.0]}
+            },
         },
         "q": {
             "uptime_s": 4.0,
             "operators": {"b": {"late": 2, "errors": 5}},
-            "sinks": {"more": {"records": 10, "latency_recent_ms": [7.0, 5.0]}},
+            "sinks": {"more": {"records": 10, "latency_recent_ms": [7.0, 5.0, 3.0]}},
         },
         "r": "not statistics",
     }
@@ -406,7 +408,8 @@ def test_status_totals_add_up_the_peers_statistics() -> None:
         "delayed": 3,
         "shed": 1,
         "late": 3,
-        "errors": 7,
+        "errors": 8,  # operators' and sinks'
+        "dropped": 4,
         "source_rate": 25.0,
         "latency_p50_ms": 5.0,  # of every sink's recent latencies, merged
         "latency_p99_ms": 9.0,
