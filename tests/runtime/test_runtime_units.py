@@ -485,3 +485,22 @@ async def test_a_package_loads_with_relative_imports(tmp_path: Path) -> None:
     fresh = CodeStore(None, tmp_path / "cache")  # from the disk cache
     await fresh.fetch([code_id])
     assert fresh.resolver()(f"{code_id}:triple")({"v": 2}) == {"v": 6}
+
+
+async def test_queries_of_one_bundle_share_its_code_object(tmp_path: Path) -> None:
+    """Pluto's query groups: two queries with different parameters bind two functions
+    over the one loaded module of their bundle."""
+    from agiledart.app.functions import bind
+
+    store = CodeStore(None, tmp_path)
+    code_id = await store.register(
+        b"from agiledart.app import factory\n\n\n@factory\ndef keep(*, threshold=0):\n"
+        b"    return lambda r: r['v'] > threshold\n"
+    )
+    resolve = store.resolver()
+    low = bind(resolve(f"{code_id}:keep"), {"threshold": 1})
+    high = bind(resolve(f"{code_id}:keep"), {"threshold": 10})
+    assert low({"v": 5})
+    assert not high({"v": 5})
+    assert low.__globals__ is high.__globals__  # one module, one code object
+    assert store.loaded == 1
