@@ -60,6 +60,7 @@ from agiledart.overlay.errors import MalformedError, OverlayError
 from agiledart.overlay.tcp import ConnectionInfo
 from agiledart.runtime.connectors import Sink, SourceConnector, open_sink, open_source
 from agiledart.runtime.links import Address, Links
+from agiledart.runtime.metrics import InstanceMeter
 from agiledart.runtime.mqtt import BrokerPool, MqttSink
 
 log = logging.getLogger(__name__)
@@ -273,6 +274,7 @@ class _Item:
     wm_after: int | None = None
     wall_after: float = 0.0
     popped: bool = False
+    queued_at: float = 0.0  #: time.monotonic() when it entered the inbox
 
 
 @dataclass
@@ -320,6 +322,7 @@ class Segment:
         self.watermarks: dict[str, dict[str, int]] = {}
         #: (producer, sender) -> its latest inbox item
         self.last: dict[tuple[str, str], _Item] = {}
+        self.meter = InstanceMeter(time.monotonic())
 
 
 class AppInstance:
@@ -689,7 +692,10 @@ class AppInstance:
                 seg.local_items -= 1
                 seg.room.set()
             if item.records is not None:
+                start = time.monotonic()
                 emitted = ex.feed(item.producer, item.records)
+                end = time.monotonic()
+                seg.meter.executed(start, end, len(item.records), start - item.queued_at)
                 await self._forward(emitted, item.traces)
                 if item.wm_after is not None:
                     await self._watermark(seg, item, item.wm_after, item.wall_after)
@@ -699,6 +705,7 @@ class AppInstance:
             if item.ack is not None:
                 await item.ack.done()
             if not seg.inbox:  # idle: what waits for the batch to fill leaves now
+                seg.meter.drained(time.monotonic())
                 for op in seg.ops:
                     for edge in self.edges.get(op, ()):
                         if edge.pending:
@@ -776,9 +783,11 @@ class AppInstance:
 
     def statistics(self) -> dict[str, Any]:
         ops: dict[str, Any] = {}
+        now = time.monotonic()
         for seg in self.segments:
+            load = seg.meter.reading(now).as_dict()  # shared by the group's operators
             for name, op in seg.executor.operators.items():
-                ops[name] = {**_op_stats(op), "queued": len(seg.inbox)}
+                ops[name] = {**_op_stats(op), "queued": len(seg.inbox), **load}
         return {
             "peer": self.me,
             "uptime_s": round(time.monotonic() - self.started_at, 3),
@@ -810,6 +819,9 @@ def _quantile(xs: list[float], q: float) -> float | None:
 
 
 def _append(seg: Segment, item: _Item) -> None:
+    item.queued_at = now = time.monotonic()
+    if not seg.inbox:
+        seg.meter.queued(now)
     seg.inbox.append(item)
     seg.last[(item.producer, item.sender)] = item
     seg.wake.set()

@@ -356,6 +356,12 @@ def test_overload_is_shed_or_pushed_back_and_memory_stays_bounded(
     peak = max(rss_mb(p.pid) for p in site.procs)
     assert peak < MEMORY_BOUND_MB, f"a peer holds {peak:.0f} MB"
     status = cli_json(site, "status", app_id, *via(site))
+    work = next(
+        p["operators"]["work"] for p in status["peers"].values() if "work" in p["operators"]
+    )
+    assert work["utilization"] > 0.8  # the bottleneck's inbox is (nearly) never empty
+    assert work["rate"] > 0
+    assert work["service_us"] > 150  # ~0.2 ms of work per record
     credits = InstanceOptions().credits
     for peer in status["peers"].values():  # every queue within its credit
         for op in peer["operators"].values():  # 2 remote inputs; watermarks merged
