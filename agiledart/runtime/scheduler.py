@@ -486,7 +486,7 @@ def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
         operators.update(peer_stats.get("operators", {}))
     emitted = sum(s.get("emitted", 0) for s in sources.values())
     # recent end-to-end latencies of every sink, merged (then dropped from the peers' part)
-    recent = sorted(x for s in sinks.values() for x in s.pop("latency_recent_ms", ()))
+    recent = sorted(x for s in sinks.values() for x in s.get("latency_recent_ms", ()))
     paths = list(dict.fromkeys(tuple(p) for p in rec.paths))
     return {
         "app_id": rec.app_id,
@@ -511,9 +511,25 @@ def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
             "latency_p99_ms": _quantile(recent, 0.99),
             "latency_samples": len(recent),
         },
-        "peers": stats,
+        "peers": _without_samples(stats),
     }
 
 
 def _quantile(xs: list[float], q: float) -> float | None:
     return None if not xs else xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def _without_samples(stats: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the peers' statistics without the raw latency samples (merged above)."""
+    out: dict[str, Any] = {}
+    for peer, peer_stats in stats.items():
+        if isinstance(peer_stats, dict) and isinstance(peer_stats.get("sinks"), dict):
+            sinks = {
+                k: {f: v for f, v in s.items() if f != "latency_recent_ms"}
+                if isinstance(s, dict)
+                else s
+                for k, s in peer_stats["sinks"].items()
+            }
+            peer_stats = {**peer_stats, "sinks": sinks}
+        out[peer] = peer_stats
+    return out

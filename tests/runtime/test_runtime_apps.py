@@ -161,12 +161,16 @@ def test_status_and_apps_from_any_peer(site: LocalCluster) -> None:
     overrides = quick(spec)
     status = submit_and_wait(site, "word-count", overrides)
     app_id = status["app_id"]
+    assert status["totals"]["latency_samples"] > 0
+    again = cli_json(site, "status", app_id, *via(site))  # the scheduler, asked again
+    assert again["totals"] == status["totals"]
     for i in (0, 3, 7):  # a source peer, a sink-less gateway, an edge peer
         other = ["--via", "{}:{}".format(*site.address(i))]
         s = cli_json(site, "status", app_id, *other)
         assert s["state"] == "finished"
         assert s["placement"] == status["placement"]
         assert s["paths"] == status["paths"]
+        assert s["totals"] == status["totals"]
         listed = {a["app_id"]: a["state"] for a in cli_json(site, "apps", *other)}
         assert listed[app_id] == "finished"
 

@@ -417,7 +417,12 @@ def test_status_totals_add_up_the_peers_statistics() -> None:
     }
     assert view["state"] == "running"
     assert view["placement"] == RECORD.placement
-    assert view["peers"] is stats
+    assert "latency_recent_ms" not in view["peers"]["p"]["sinks"]["out"]
+    assert view["peers"]["p"]["sinks"]["out"]["records"] == 90
+    # the raw samples stay with the statistics: a second view (a later `status` of a
+    # finished app, from its stored final statistics) sees them again
+    assert stats["p"]["sinks"]["out"]["latency_recent_ms"] == [9.0, 1.0]
+    assert status_view(RECORD, stats)["totals"] == view["totals"]
 
 
 def test_status_of_an_app_without_statistics_has_zero_totals() -> None:
