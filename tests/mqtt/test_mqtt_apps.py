@@ -11,7 +11,6 @@ dropped in ``agiledart status --json``, never silently lost.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 from support.mqtt import Broker, Subscriber
-from support.processes import cli_json, clusters, poll
+from support.processes import cli_json, formed_cluster, poll
 
 from agiledart.app import parse_spec
 from agiledart.app.reference import canonical, reference_outputs
@@ -35,9 +34,8 @@ VIA = 1  # sensor-2: hosts none of these apps' sources or sinks
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with clusters(tmp_path_factory.mktemp("mqtt-site")) as make:
-        cluster = make(4)  # sensor-1, sensor-2, gateway-1, gateway-2
-        asyncio.run(cluster.wait_formed())
+    # sensor-1, sensor-2, gateway-1, gateway-2
+    with formed_cluster(tmp_path_factory.mktemp("mqtt-site"), 4) as cluster:
         yield cluster
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.processes import cli, cli_json, clusters, poll
+from support.processes import cli, cli_json, formed_cluster, poll
 
 from agiledart import apps
 from agiledart.app import AppSpec, load_spec, parse_spec
@@ -32,11 +32,7 @@ VIA = 6  # edge-3: 127.0.0.8
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with clusters(tmp_path_factory.mktemp("site")) as make:
-        cluster = make(8)
-        import asyncio
-
-        asyncio.run(cluster.wait_formed())
+    with formed_cluster(tmp_path_factory.mktemp("site"), 8) as cluster:
         yield cluster
 
 

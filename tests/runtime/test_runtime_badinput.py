@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.processes import clusters
+from support.processes import formed_cluster
 
 from agiledart import apps
 from agiledart.app import AppSpec, parse_spec
@@ -30,9 +30,7 @@ UNKNOWN = "no-such-app-000000"
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with clusters(tmp_path_factory.mktemp("badinput")) as make:
-        cluster = make(3)
-        asyncio.run(cluster.wait_formed())
+    with formed_cluster(tmp_path_factory.mktemp("badinput"), 3) as cluster:
         yield cluster
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.processes import cli, cli_json, clusters
+from support.processes import cli, cli_json, formed_cluster
 
 from agiledart.app import parse_spec
 from agiledart.app.reference import canonical, reference_outputs
@@ -24,9 +24,8 @@ pytestmark = [pytest.mark.processes]
 
 @pytest.fixture(scope="module")
 def trio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with clusters(tmp_path_factory.mktemp("trio")) as make:
-        cluster = make(3)  # sensor-1, sensor-2, gateway-1
-        asyncio.run(cluster.wait_formed())
+    # sensor-1, sensor-2, gateway-1
+    with formed_cluster(tmp_path_factory.mktemp("trio"), 3) as cluster:
         yield cluster
 
 

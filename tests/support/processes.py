@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -90,3 +91,13 @@ def clusters(tmp_path: Path) -> Iterator[Callable[[int], LocalCluster]]:
         cluster.__exit__()
         for proc in cluster.procs:
             assert proc.poll() is not None
+
+
+@contextlib.contextmanager
+def formed_cluster(root: Path, peers: int) -> Iterator[LocalCluster]:
+    """One cluster of ``peers`` processes (named as :func:`agiledart.emulate.site_name`
+    does), yielded once its ring has formed; torn down after."""
+    with clusters(root) as make:
+        cluster = make(peers)
+        asyncio.run(cluster.wait_formed())
+        yield cluster
