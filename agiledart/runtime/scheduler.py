@@ -440,9 +440,15 @@ class Scheduler:
     async def list_apps(self) -> list[dict[str, Any]]:
         ids = await self.records.get(APPS_INDEX)
         ids = ids if isinstance(ids, list) else []
-        recs = await asyncio.gather(
-            *(self.records.get(record_key("app", str(i))) for i in ids), return_exceptions=True
-        )
+        limit = asyncio.Semaphore(32)  # thousands of apps: a few dozen lookups at a time
+
+        async def get(app_id: Any) -> Any:
+            if str(app_id) in self.apps:
+                return None  # ours: the record is in memory
+            async with limit:
+                return await self.records.get(record_key("app", str(app_id)))
+
+        recs = await asyncio.gather(*(get(i) for i in ids), return_exceptions=True)
         out = []
         for app_id, raw in zip(ids, recs, strict=True):
             rec = self.apps.get(str(app_id))
