@@ -8,7 +8,14 @@ Errors: :class:`~agiledart.app.errors.DatasetError` (bad arguments) and
 :class:`~agiledart.app.errors.ParseError` (a bad line; recorded, not raised).
 """
 
-from agiledart.datasets.core import CHUNK, DATASETS, generate, generate_batches, generator_kwargs
+from agiledart.datasets.core import (
+    CHUNK,
+    DATASETS,
+    chunk_size,
+    generate,
+    generate_batches,
+    generator_kwargs,
+)
 from agiledart.datasets.files import MAX_LINE, ParseStats, parse_csv, parse_jsonl, read_file
 
 __all__ = [
@@ -16,6 +23,7 @@ __all__ = [
     "DATASETS",
     "MAX_LINE",
     "ParseStats",
+    "chunk_size",
     "generate",
     "generate_batches",
     "generator_kwargs",

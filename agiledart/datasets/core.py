@@ -5,10 +5,12 @@ has base event time ``start_ts + floor(i * 1000 / rate)`` ms, whatever the wall 
 with ``disorder_ms > 0`` each record's ``ts`` is its base time plus a uniform jitter in
 ``[0, disorder_ms]``, so records arrive at most ``disorder_ms`` behind the largest
 ``ts`` seen (a watermark lag of ``disorder_ms`` never makes a record late). Records are
-made in fixed chunks of :data:`CHUNK` from a ``numpy.random.Generator`` seeded with
-``seed`` (jitter from an independent child stream), so a stream of ``count`` records is
-a prefix of the same stream with a larger ``count``, and consumer batch sizes do not
-change the records.
+made in fixed chunks from a ``numpy.random.Generator`` seeded with ``seed`` (jitter
+from an independent child stream), so a stream of ``count`` records is a prefix of the
+same stream with a larger ``count``, and consumer batch sizes do not change the
+records. A chunk is :data:`CHUNK` records, or about one second of the stream for slow
+ones (:func:`chunk_size`, a function of ``rate`` only): a source replaying a few
+records per second does not hold thousands of them in memory.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from agiledart.app.spec import DATASETS
 __all__ = [
     "CHUNK",
     "DATASETS",
+    "MIN_CHUNK",
     "ChunkMaker",
+    "chunk_size",
     "generate",
     "generate_batches",
     "generator_kwargs",
@@ -33,6 +37,19 @@ __all__ = [
 Record = dict[str, Any]
 Timestamps = np.ndarray[Any, np.dtype[np.int64]]
 CHUNK = 4096
+#: The smallest chunk, for the slowest streams.
+MIN_CHUNK = 64
+
+
+def chunk_size(rate: float) -> int:
+    """Records made at a time for a stream at ``rate``: the power of two at or above
+    one second of it, between :data:`MIN_CHUNK` and :data:`CHUNK`."""
+    size = MIN_CHUNK
+    while size < CHUNK and size < rate:
+        size *= 2
+    return size
+
+
 #: Keys of a generator source's params that are not dataset arguments.
 _SOURCE_ONLY = frozenset({"dataset", "out_of_order_ms", "speedup", "overload"})
 
@@ -106,21 +123,22 @@ def _batches(
 ) -> Iterator[list[Record]]:
     first = 0
     pending: list[Record] = []
+    chunk = chunk_size(rate)
     while count is None or first < count:
-        idx = np.arange(first, first + CHUNK, dtype=np.int64)
+        idx = np.arange(first, first + chunk, dtype=np.int64)
         if isinstance(rate, int):
             base = idx * 1000 // rate
         else:
             base = np.floor(idx * (1000.0 / rate)).astype(np.int64)
         base += start_ts
         if disorder_ms:
-            base += jitter_rng.integers(0, disorder_ms + 1, CHUNK)
+            base += jitter_rng.integers(0, disorder_ms + 1, chunk)
         recs = maker.chunk(rng, first, base)
-        n = CHUNK if count is None else min(CHUNK, count - first)
-        if n < CHUNK:
+        n = chunk if count is None else min(chunk, count - first)
+        if n < chunk:
             del recs[n:]
-        first += CHUNK
-        if batch_size == CHUNK and not pending:
+        first += chunk
+        if batch_size == chunk and not pending:
             yield recs
             continue
         pending += recs

@@ -47,7 +47,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol, TextIO
 from agiledart.app.errors import ExecutionError
 from agiledart.app.local import source_batches
 from agiledart.app.spec import SinkSpec, SourceSpec
-from agiledart.datasets import ParseStats, generate_batches, generator_kwargs
+from agiledart.datasets import ParseStats, chunk_size, generate_batches, generator_kwargs
 from agiledart.operators import Record
 
 if TYPE_CHECKING:
@@ -187,7 +187,9 @@ class Source:
         p = self.spec.params
         if self.spec.connector == "generator":
             kwargs = generator_kwargs(p)
-            return generate_batches(p["dataset"], batch_size=self._batch_size, **kwargs)
+            # a slow stream is made a chunk at a time: hold no more than that
+            batch = min(self._batch_size, chunk_size(p["rate"]))
+            return generate_batches(p["dataset"], batch_size=batch, **kwargs)
         return source_batches(
             self.spec,
             batch_size=self._batch_size,
