@@ -60,7 +60,7 @@ from agiledart.overlay.errors import MalformedError, OverlayError
 from agiledart.overlay.tcp import ConnectionInfo
 from agiledart.runtime.connectors import Sink, SourceConnector, open_sink, open_source
 from agiledart.runtime.links import Address, Links
-from agiledart.runtime.metrics import InstanceMeter
+from agiledart.runtime.metrics import InstanceMeter, quantile
 from agiledart.runtime.mqtt import BrokerPool, MqttSink
 
 log = logging.getLogger(__name__)
@@ -433,6 +433,16 @@ class AppInstance:
         self._split = {e for es in self.groups.values() for _, ts in es for e in ts}
         self.received: collections.Counter[str] = collections.Counter()
         self._partitioners: dict[int, KeyPartitioner] = {}
+        #: producer -> local consumers of its batches from other peers: the consumers
+        #: above, and this peer's instance of any parallel operator it feeds
+        self._remote_inputs: dict[str, tuple[list[Segment], list[str]]] = {
+            src: (list(segs), list(sinks)) for src, (segs, sinks) in self.consumers.items()
+        }
+        for ospec in spec.operators:
+            if ospec.id in self.parallel and ospec.id in self.segment_of:
+                for src in ospec.inputs:
+                    segs = self._remote_inputs.setdefault(src, ([], []))[0]
+                    segs.append(self.segment_of[ospec.id])
         try:
             for k in local_sinks:
                 sink = open_sink(k, out_dir=out_dir, brokers=brokers)
@@ -531,7 +541,7 @@ class AppInstance:
 
         async def emit(records: list[Record]) -> None:
             traces = self._sample(len(records))
-            await self._deliver(sid, records, traces, local=True)
+            await self._deliver(sid, records, traces)
             for edge in self.edges.get(sid, ()):  # a source's batch leaves whole
                 if edge.pending:
                     await edge.flush()
@@ -546,10 +556,10 @@ class AppInstance:
             wmgen.observe(records)
             if wmgen.watermark > sent_wm[0]:
                 sent_wm[0] = wmgen.watermark
-                await self._deliver_wm(sid, wmgen.watermark, now_ms(), local=True)
+                await self._deliver_wm(sid, wmgen.watermark, now_ms())
 
         await source.run(emit)
-        await self._deliver_wm(sid, wmgen.finish(), now_ms(), local=True)
+        await self._deliver_wm(sid, wmgen.finish(), now_ms())
         for edge in self.edges.get(sid, ()):
             await edge.flush()
 
@@ -561,15 +571,13 @@ class AppInstance:
         ts = now_ms()
         return [(self.rng.getrandbits(62) + 1, ts) for _ in range(k)]
 
-    async def _deliver(
-        self, producer: str, records: list[Record], traces: list[TraceTag], *, local: bool
-    ) -> None:
+    async def _deliver(self, producer: str, records: list[Record], traces: list[TraceTag]) -> None:
         """A local node's output: to local sinks, consuming segments, remote peers."""
         segs, sinks = self.consumers.get(producer, ((), ()))
         for sink in sinks:
             self._write_sink(sink, records, traces)
         for seg in segs:
-            await self._put_local(seg, _Item(producer, records, traces, local=True))
+            await self._put_local(seg, _Item(producer, records, traces))
         for edge in self.edges.get(producer, ()):
             if edge not in self._split:
                 await edge.send(records, traces)
@@ -581,9 +589,7 @@ class AppInstance:
                 if isinstance(target, OutEdge):
                     await target.send(part, tags)
                 else:
-                    await self._put_local(
-                        target, _Item(producer, part, tags, local=True, sender=self.me)
-                    )
+                    await self._put_local(target, _Item(producer, part, tags))
 
     def _partition(self, consumer: str, records: list[Record], n: int) -> list[list[Record]]:
         """Records split over ``n`` instances: by key for keyed operators, else in turn."""
@@ -598,23 +604,25 @@ class AppInstance:
             parts[pick(r.get(field))].append(r)
         return parts
 
-    async def _deliver_wm(self, producer: str, wm: int, wall: float, *, local: bool) -> None:
+    async def _deliver_wm(self, producer: str, wm: int, wall: float) -> None:
         segs, sinks = self.consumers.get(producer, ((), ()))
         for sink in sinks:
             await self._sink_wm(sink, producer, wm, self.me)
         for seg in segs:
-            item = _Item(producer, None, [], wm=wm, wall=wall, local=True, sender=self.me)
+            item = _Item(producer, None, [], wm=wm, wall=wall)
             await self._put_local(seg, item)
         for edge in self.edges.get(producer, ()):
             await edge.watermark(wm, wall)
         for _, targets in self.groups.get(producer, ()):
             for target in targets:
                 if isinstance(target, Segment):
-                    item = _Item(producer, None, [], wm=wm, wall=wall, local=True, sender=self.me)
+                    item = _Item(producer, None, [], wm=wm, wall=wall)
                     await self._put_local(target, item)
 
     async def _put_local(self, seg: Segment, item: _Item) -> None:
-        item.sender = self.me
+        """A batch or watermark of a node of this peer; waits while the segment holds
+        ``source_queue`` such items."""
+        item.local, item.sender = True, self.me
         if item.records is None and _merge_wm(seg, item):
             return
         while seg.local_items >= self.options.source_queue:
@@ -655,13 +663,7 @@ class AppInstance:
 
     def _inputs_of(self, producer: str) -> tuple[list[Segment], list[str]]:
         """Local consumers of what ``producer`` sends from other peers."""
-        segs, sinks = self.consumers.get(producer, ([], []))
-        extra = [
-            self.segment_of[c]
-            for c in self.parallel
-            if c in self.segment_of and producer in self.spec.operator(c).inputs
-        ]
-        return ([*segs, *extra] if extra else list(segs)), list(sinks)
+        return self._remote_inputs.get(producer, ([], []))
 
     def _merged_wm(self, tracker: dict[str, int], producer: str, sender: str, wm: int) -> int:
         """The watermark of ``producer`` over all its instances (their minimum)."""
@@ -723,9 +725,9 @@ class AppInstance:
     ) -> None:
         for node, what in emitted:
             if isinstance(what, list):
-                await self._deliver(node, what, traces, local=True)
+                await self._deliver(node, what, traces)
             else:
-                await self._deliver_wm(node, what, now_ms() if wall is None else wall, local=True)
+                await self._deliver_wm(node, what, now_ms() if wall is None else wall)
 
     # -- sinks ------------------------------------------------------------------------
 
@@ -773,8 +775,8 @@ class AppInstance:
             "errors": state.sink.stats.errors,
             "done": state.done,
             "path": None if path is None else str(path),
-            "latency_p50_ms": _quantile(lat, 0.5),
-            "latency_p99_ms": _quantile(lat, 0.99),
+            "latency_p50_ms": quantile(lat, 0.5),
+            "latency_p99_ms": quantile(lat, 0.99),
             "latency_samples": len(lat),
             "latency_recent_ms": [round(x, 2) for x in list(state.latencies)[-256:]],
             "first_at": state.first_at,
@@ -810,12 +812,6 @@ class AppInstance:
 
 def _op_stats(op: Any) -> dict[str, Any]:
     return {k: v for k, v in op.stats.as_dict().items() if isinstance(v, int | float)}
-
-
-def _quantile(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3)
 
 
 def _append(seg: Segment, item: _Item) -> None:

@@ -19,7 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["InstanceMeter", "MeterReading"]
+__all__ = ["InstanceMeter", "MeterReading", "quantile"]
+
+
+def quantile(sorted_xs: list[float], q: float) -> float | None:
+    """The ``q`` quantile of sorted values (nearest rank), to 3 decimals; None if empty."""
+    if not sorted_xs:
+        return None
+    return round(sorted_xs[min(len(sorted_xs) - 1, int(q * len(sorted_xs)))], 3)
 
 
 @dataclass(frozen=True, slots=True)

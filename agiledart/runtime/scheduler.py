@@ -47,6 +47,7 @@ from agiledart.runtime.code import CodeStore, code_ids_in
 from agiledart.runtime.errors import CodeError, DeployError, UnknownApp
 from agiledart.runtime.instance import Deployment
 from agiledart.runtime.links import Address, Links
+from agiledart.runtime.metrics import quantile
 from agiledart.runtime.records import Records, record_key
 
 log = logging.getLogger(__name__)
@@ -513,16 +514,12 @@ def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
             "errors": sum(o.get("errors", 0) for o in [*operators.values(), *sinks.values()]),
             "dropped": sum(s.get("dropped", 0) for s in sinks.values()),
             "source_rate": round(emitted / uptime, 1) if uptime > 0 else 0.0,
-            "latency_p50_ms": _quantile(recent, 0.5),
-            "latency_p99_ms": _quantile(recent, 0.99),
+            "latency_p50_ms": quantile(recent, 0.5),
+            "latency_p99_ms": quantile(recent, 0.99),
             "latency_samples": len(recent),
         },
         "peers": _without_samples(stats),
     }
-
-
-def _quantile(xs: list[float], q: float) -> float | None:
-    return None if not xs else xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def _without_samples(stats: dict[str, Any]) -> dict[str, Any]:
