@@ -23,6 +23,7 @@ from typing import Any
 
 from agiledart import __version__
 from agiledart.errors import AgiledartError
+from agiledart.runtime.execution import LACHESIS_POLICIES, SCHEDULERS
 
 __all__ = ["main"]
 
@@ -47,6 +48,25 @@ def _add_via(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait (default 10)")
     _add_key_options(p)
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        msg = f"expected a whole number >= 0, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value == 0:
+        msg = f"expected a whole number >= 1, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,9 +108,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace-dir", type=Path, help="write traces here")
     p.add_argument(
         "--workers",
-        type=int,
+        type=_non_negative,
         default=os.cpu_count() or 1,
-        help="worker processes (default: number of cores)",
+        metavar="N",
+        help="worker processes of the pool (default: number of cores); 0 runs operators "
+        "in the peer's own loop",
+    )
+    p.add_argument(
+        "--scheduler",
+        choices=SCHEDULERS,
+        default="edgewise",
+        help="who runs operator instances: edgewise (default: worker pool, longest queue "
+        "first), random (worker pool, random queue), os (a process per instance), "
+        "lachesis (os, prioritised by --lachesis-policy)",
+    )
+    p.add_argument(
+        "--lachesis-policy",
+        choices=LACHESIS_POLICIES,
+        default="qs",
+        help="lachesis: qs (longest queue), fcfs (oldest tuple), hr (highest rate); default qs",
+    )
+    p.add_argument(
+        "--turn",
+        type=_positive,
+        default=50,
+        metavar="N",
+        help="tuples a worker runs per scheduling turn, at most (default 50)",
     )
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     _add_key_options(p)
@@ -182,6 +225,9 @@ def _cmd_peer(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         trace_dir=args.trace_dir,
         workers=args.workers,
+        scheduler=args.scheduler,
+        turn=args.turn,
+        lachesis_policy=args.lachesis_policy,
         metrics_port=args.metrics_port,
         advertise=args.advertise,
     )

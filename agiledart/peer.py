@@ -29,6 +29,7 @@ from agiledart.overlay.config import OverlayConfig
 from agiledart.overlay.errors import ConfigError
 from agiledart.overlay.node import Delivery, OverlayNode
 from agiledart.overlay.tcp import ConnectionInfo, FrameServer
+from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.links import Links
 from agiledart.runtime.service import AppRuntime
 
@@ -63,6 +64,9 @@ class PeerConfig:
     state_dir: Path = Path("state")
     trace_dir: Path | None = None
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    scheduler: str = "edgewise"  #: edgewise | random | os | lachesis
+    turn: int = 50  #: tuples per scheduling turn, at most
+    lachesis_policy: str = "qs"
     metrics_port: int | None = None
     advertise: str | None = None
     overlay: OverlayConfig = field(default_factory=OverlayConfig)
@@ -86,6 +90,12 @@ class Peer:
             frames=self.frames,
             links=self.links,
             state_dir=config.state_dir,
+            execution=EngineConfig(
+                scheduler=config.scheduler,
+                workers=config.workers,
+                turn=config.turn,
+                policy=config.lachesis_policy,
+            ),
         )
         self._joined = asyncio.Event()
         self.frames.route("ring", self._ring)
@@ -212,6 +222,7 @@ class Peer:
             "query_groups": self.runtime.query_groups(),
             "frames": dataclasses.asdict(self.frames.statistics()),
             "mqtt": dataclasses.asdict(self.runtime.brokers.statistics()),
+            "execution": self.runtime.engine.info(),
         }
 
     async def _ring(self, request: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:

@@ -28,10 +28,11 @@ serves many queries.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib.util
+import os
 import re
-import shutil
 import sys
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -271,6 +272,17 @@ class CodeStore:
             raise CodeError(msg)
         return Bundle.from_content(kind, name, content)
 
+    def load_cached(self, code_ids: Iterable[str]) -> None:
+        """Load bundles from the disk cache only (a worker process: its peer fetched them)."""
+        for code_id in sorted(set(code_ids)):
+            if code_id in self._modules:
+                continue
+            bundle = self._cached(code_id)
+            if bundle is None:
+                msg = f"code {code_id[:12]}... is not in the cache {self.cache_dir}"
+                raise CodeError(msg)
+            self._load(code_id, bundle)
+
     def function(self, code_id: str, name: str) -> Callable[..., Any]:
         module = self._modules.get(code_id)
         if module is None:
@@ -325,12 +337,15 @@ class CodeStore:
     def _import_package(self, code_id: str, unique: str, bundle: Bundle) -> types.ModuleType:
         """Unpack under the cache and import as ``unique`` (relative imports work)."""
         root = self.cache_dir / f"{code_id}.pkg"
-        if root.exists():
-            shutil.rmtree(root)
-        for rel, data in bundle.files:
+        for rel, data in bundle.files:  # idempotent: worker processes unpack it too
             path = root / rel
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+            with contextlib.suppress(OSError):
+                if path.read_bytes() == data:
+                    continue
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            tmp.replace(path)
         spec = importlib.util.spec_from_file_location(
             unique, root / "__init__.py", submodule_search_locations=[str(root)]
         )

@@ -58,7 +58,10 @@ from agiledart.operators import BoundedOutOfOrderness
 from agiledart.operators.base import FINAL_WATERMARK, MIN_WATERMARK, Record
 from agiledart.overlay.errors import MalformedError, OverlayError
 from agiledart.overlay.tcp import ConnectionInfo
+from agiledart.runtime.code import code_ids_in
 from agiledart.runtime.connectors import Sink, SourceConnector, open_sink, open_source
+from agiledart.runtime.execution import EngineConfig
+from agiledart.runtime.execution.engines import Engine, InlineEngine, Unit
 from agiledart.runtime.links import Address, Links
 from agiledart.runtime.metrics import InstanceMeter, quantile
 from agiledart.runtime.mqtt import BrokerPool, MqttSink
@@ -275,6 +278,7 @@ class _Item:
     wall_after: float = 0.0
     popped: bool = False
     queued_at: float = 0.0  #: time.monotonic() when it entered the inbox
+    offset: int = 0  #: records already run (a turn takes at most ``turn`` of them)
 
 
 @dataclass
@@ -307,12 +311,15 @@ class SinkState:
 
 
 class Segment:
-    """Connected local operators, one executor, one task, one inbox."""
+    """Local operators (one, or a chained group inline), one task, one inbox, run as
+    one :class:`~agiledart.runtime.execution.Unit` of the peer's engine."""
 
     def __init__(self, ops: list[str], executor: Executor) -> None:
         self.ops = ops
         self.executor = executor
+        self.unit: Unit | None = None
         self.inbox: collections.deque[_Item] = collections.deque()
+        self.pending = 0  #: records and watermarks waiting (the EdgeWise queue length)
         self.wake = asyncio.Event()
         self.room = asyncio.Event()
         self.room.set()
@@ -323,6 +330,12 @@ class Segment:
         #: (producer, sender) -> its latest inbox item
         self.last: dict[tuple[str, str], _Item] = {}
         self.meter = InstanceMeter(time.monotonic())
+
+    def oldest_s(self, now: float) -> float | None:
+        return now - self.inbox[0].queued_at if self.inbox else None
+
+    def rate(self, now: float) -> float:
+        return self.meter.reading(now).rate
 
 
 class AppInstance:
@@ -338,6 +351,7 @@ class AppInstance:
         on_sink_done: Callable[[str, dict[str, Any]], Awaitable[None]],
         on_failed: Callable[[str], Awaitable[None]],
         brokers: BrokerPool | None = None,
+        engine: Engine | None = None,
     ) -> None:
         self.deployment = d = deployment
         self.app_id = d.app_id
@@ -361,10 +375,15 @@ class AppInstance:
         #: operators with several instances: keyed ones get records by key
         self.parallel = {n for n, peers in d.hosts.items() if len(peers) > 1}
         self.partition_key = {n: _partition_key(spec, n) for n in self.parallel}
+        self.engine = engine or InlineEngine(EngineConfig(workers=0), state_dir / "code")
         self.segments: list[Segment] = []
         self.segment_of: dict[str, Segment] = {}
-        for ops in _segments(spec, set(self.local_ops), alone=self.parallel):
+        alone = self.parallel if self.engine.chains else set(self.local_ops)
+        for uid, ops in enumerate(_segments(spec, set(self.local_ops), alone=alone)):
             seg = Segment(ops, Executor(spec, resolve, operators=ops))
+            seg.unit = self.engine.unit(
+                app_id=self.app_id, uid=uid, executor=seg.executor, queue=seg
+            )
             self.segments.append(seg)
             for op in ops:
                 self.segment_of[op] = seg
@@ -498,6 +517,8 @@ class AppInstance:
 
     async def _run(self) -> None:
         try:
+            code = code_ids_in(o.fn for o in self.spec.operators if o.id in self.segment_of)
+            await self.engine.open_app(self.app_id, self.spec, code)
             async with asyncio.TaskGroup() as group:
                 self._group = group
                 for seg in self.segments:
@@ -516,6 +537,7 @@ class AppInstance:
         finally:
             self._group = None
             self._close_sinks()
+            await asyncio.shield(self.engine.close_app(self.app_id))
         if self.failure is not None:
             await self.on_failed(self.failure)
 
@@ -625,11 +647,35 @@ class AppInstance:
         item.local, item.sender = True, self.me
         if item.records is None and _merge_wm(seg, item):
             return
+        if item.records is not None and self._merge_batch(seg, item):
+            return
         while seg.local_items >= self.options.source_queue:
             seg.room.clear()
             await seg.room.wait()
         seg.local_items += 1
         _append(seg, item)
+
+    def _merge_batch(self, seg: Segment, item: _Item) -> bool:
+        """Append ``item``'s records to the queued batch of the same producer when that
+        batch has not started and stays within ``batch_records``: small outputs (a
+        worker's turn) then cost the queue one entry, not one each."""
+        last = seg.last.get((item.producer, item.sender))
+        if (
+            last is None
+            or last.popped
+            or last is not seg.inbox[-1]
+            or last.offset
+            or last.records is None
+            or last.wm_after is not None
+            or last.ack is not None
+            or item.records is None
+            or len(last.records) + len(item.records) > self.options.batch_records
+        ):
+            return False
+        last.records = last.records + item.records  # a new list: batches are shared
+        last.traces = last.traces + item.traces if item.traces else last.traces
+        seg.pending += len(item.records)
+        return True
 
     # -- remote input -----------------------------------------------------------------
 
@@ -683,29 +729,46 @@ class AppInstance:
     # -- segments ---------------------------------------------------------------------
 
     async def _segment_loop(self, seg: Segment) -> None:
-        ex = seg.executor
+        unit = seg.unit
+        assert unit is not None
+        turn = self.engine.turn
         while True:
             while not seg.inbox:
                 seg.wake.clear()
                 await seg.wake.wait()
-            item = seg.inbox.popleft()
-            item.popped = True
-            if item.local:
-                seg.local_items -= 1
-                seg.room.set()
+            item = seg.inbox[0]
+            done = True
             if item.records is not None:
-                start = time.monotonic()
-                emitted = ex.feed(item.producer, item.records)
-                end = time.monotonic()
-                seg.meter.executed(start, end, len(item.records), start - item.queued_at)
-                await self._forward(emitted, item.traces)
-                if item.wm_after is not None:
+                first, n = item.offset, len(item.records)
+                take = n - first if turn is None else min(turn, n - first)
+                chunk = item.records if take == n else item.records[first : first + take]
+                item.offset += take
+                done = item.offset >= n
+                if done:
+                    self._pop(seg)
+                if take:
+                    start = time.monotonic()
+                    emitted = await unit.feed(item.producer, chunk)
+                    seg.pending -= take
+                    end = time.monotonic()
+                    seg.meter.executed(
+                        max(start, end - unit.service_s),
+                        end,
+                        take,
+                        start - item.queued_at,
+                        worker_wait_s=unit.wait_s,
+                    )
+                    await self._forward(emitted, item.traces if first == 0 else [])
+                if done and item.wm_after is not None:
                     await self._watermark(seg, item, item.wm_after, item.wall_after)
             else:
+                self._pop(seg)
                 await self._watermark(seg, item, item.wm, item.wall)
-            seg.processed += 1
-            if item.ack is not None:
-                await item.ack.done()
+                seg.pending -= 1
+            if done:
+                seg.processed += 1
+                if item.ack is not None:
+                    await item.ack.done()
             if not seg.inbox:  # idle: what waits for the batch to fill leaves now
                 seg.meter.drained(time.monotonic())
                 for op in seg.ops:
@@ -714,10 +777,18 @@ class AppInstance:
                             await edge.flush()
             await asyncio.sleep(0)  # a full inbox must not starve the peer's other tasks
 
+    def _pop(self, seg: Segment) -> None:
+        item = seg.inbox.popleft()
+        item.popped = True
+        if item.local:
+            seg.local_items -= 1
+            seg.room.set()
+
     async def _watermark(self, seg: Segment, item: _Item, wm: int, wall: float) -> None:
+        assert seg.unit is not None
         tracker = seg.watermarks.setdefault(item.producer, {})
         merged = self._merged_wm(tracker, item.producer, item.sender, wm)
-        emitted = seg.executor.watermark(item.producer, merged)
+        emitted = await seg.unit.watermark(item.producer, merged)
         await self._forward(emitted, [(0, wall)], wall=wall)
 
     async def _forward(
@@ -789,7 +860,12 @@ class AppInstance:
         for seg in self.segments:
             load = seg.meter.reading(now).as_dict()  # shared by the group's operators
             for name, op in seg.executor.operators.items():
-                ops[name] = {**_op_stats(op), "queued": len(seg.inbox), **load}
+                ops[name] = {
+                    **_op_stats(op),
+                    "queued": seg.pending,
+                    "queued_batches": len(seg.inbox),
+                    **load,
+                }
         return {
             "peer": self.me,
             "uptime_s": round(time.monotonic() - self.started_at, 3),
@@ -819,6 +895,7 @@ def _append(seg: Segment, item: _Item) -> None:
     if not seg.inbox:
         seg.meter.queued(now)
     seg.inbox.append(item)
+    seg.pending += 1 if item.records is None else len(item.records)
     seg.last[(item.producer, item.sender)] = item
     seg.wake.set()
 

@@ -5,6 +5,8 @@ An :class:`InstanceMeter` watches one operator group's inbox and its executions:
 * ``rate``: records fed per second;
 * ``service_us``: execution time per record (what one record costs the worker);
 * ``queue``: items waiting now; ``wait_ms``: how long the processed items had waited;
+* ``worker_wait_ms``: of that, how long a turn waited for a free worker (EdgeWise's
+  T_S, the schedule time; 0 where operators run in the peer loop or a process each);
 * ``utilization`` rho = 1 - T_emptyQ / T_w: the share of the window during which the
   inbox was not empty (EdgeWise's definition: a queue that is never empty is
   saturated, whatever the worker does meanwhile);
@@ -34,6 +36,7 @@ class MeterReading:
     rate: float
     service_us: float | None
     wait_ms: float | None
+    worker_wait_ms: float | None
     utilization: float
     busy: float
 
@@ -42,14 +45,17 @@ class MeterReading:
             "rate": round(self.rate, 1),
             "service_us": None if self.service_us is None else round(self.service_us, 2),
             "wait_ms": None if self.wait_ms is None else round(self.wait_ms, 3),
+            "worker_wait_ms": None
+            if self.worker_wait_ms is None
+            else round(self.worker_wait_ms, 3),
             "utilization": round(self.utilization, 4),
             "busy": round(self.busy, 4),
         }
 
 
 class InstanceMeter:
-    #: per bucket: records, busy s, non-empty s, waited s, items
-    _FIELDS = 5
+    #: per bucket: records, busy s, non-empty s, waited s, items, worker wait s
+    _FIELDS = 6
 
     def __init__(self, now: float, *, window_s: int = 10) -> None:
         if window_s < 1:
@@ -88,13 +94,17 @@ class InstanceMeter:
             self._spread(self._nonempty_since, now, 2)
             self._nonempty_since = None
 
-    def executed(self, start: float, end: float, records: int, waited_s: float) -> None:
-        """One item: ``records`` executed from ``start`` to ``end``, after waiting."""
+    def executed(
+        self, start: float, end: float, records: int, waited_s: float, *, worker_wait_s: float = 0
+    ) -> None:
+        """One turn: ``records`` executed from ``start`` to ``end``, after waiting
+        ``waited_s`` in the queue, ``worker_wait_s`` of it for a worker."""
         self._spread(start, end, 1)
         b = self._bucket(start)
         b[0] += records
         b[3] += waited_s
         b[4] += 1
+        b[5] += worker_wait_s
 
     def reading(self, now: float) -> MeterReading:
         span = min(float(self.window_s), max(now - self.started, 1e-9))
@@ -108,11 +118,12 @@ class InstanceMeter:
             if share > 0:
                 for i in range(self._FIELDS):
                     totals[i] += b[i] * share
-        records, busy, nonempty, waited, items = totals
+        records, busy, nonempty, waited, items, worker_wait = totals
         return MeterReading(
             rate=records / span,
             service_us=busy / records * 1e6 if records else None,
             wait_ms=waited / items * 1e3 if items else None,
+            worker_wait_ms=worker_wait / items * 1e3 if items else None,
             utilization=min(1.0, nonempty / span),
             busy=min(1.0, busy / span),
         )

@@ -31,6 +31,8 @@ from agiledart.overlay.node import Delivery, OverlayNode
 from agiledart.overlay.tcp import ConnectionInfo, FrameServer
 from agiledart.runtime.code import Bundle, CodeStore, code_ids_in, identifier
 from agiledart.runtime.errors import UnknownApp
+from agiledart.runtime.execution import EngineConfig
+from agiledart.runtime.execution.engines import make_engine
 from agiledart.runtime.instance import AppInstance, Deployment, InstanceOptions
 from agiledart.runtime.links import Address, Links
 from agiledart.runtime.mqtt import BrokerPool
@@ -55,6 +57,7 @@ class AppRuntime:
         state_dir: Path,
         options: InstanceOptions | None = None,
         publish_interval_s: float = 30.0,
+        execution: EngineConfig | None = None,
     ) -> None:
         self.name = name
         self.overlay = overlay
@@ -64,6 +67,8 @@ class AppRuntime:
         self.publish_interval_s = publish_interval_s
         self.records = Records(overlay, links)
         self.code = CodeStore(self.records, state_dir / "code")
+        #: how this peer runs operator instances (worker pool and scheduler)
+        self.engine = make_engine(execution or EngineConfig(workers=0), state_dir / "code")
         self.instances: dict[str, AppInstance] = {}
         #: the peer's MQTT connections, one per broker, shared by all its apps
         self.brokers = BrokerPool(client_id=f"agiledart-{name}")
@@ -107,6 +112,7 @@ class AppRuntime:
         self._group = group
         self._publisher = group.create_task(self._publish_loop(joined))
         self.brokers.start(group)
+        self.engine.start(group)
 
     async def aclose(self) -> None:
         """Stop publishing and tear down every app instance on this peer."""
@@ -118,6 +124,7 @@ class AppRuntime:
         for inst in list(self.instances.values()):
             await inst.stop()
         self.instances.clear()
+        await self.engine.aclose()
         await self.brokers.aclose()
 
     def query_groups(self) -> dict[str, int]:
@@ -253,6 +260,7 @@ class AppRuntime:
                 on_sink_done=lambda sink, info: self._report_done(d, sink, info),
                 on_failed=lambda error: self._report_failed(d, error),
                 brokers=self.brokers,
+                engine=self.engine,
             )
         except AgiledartError:
             raise
