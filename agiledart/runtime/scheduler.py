@@ -42,7 +42,14 @@ from agiledart.app.parse import Overrides, parse_spec
 from agiledart.app.spec import AppSpec
 from agiledart.errors import AgiledartError
 from agiledart.overlay.errors import OverlayError
-from agiledart.placement import Hop, PeerInfo, Placement, place
+from agiledart.placement import (
+    DEFAULT_SLOT_LIMIT,
+    Hop,
+    PeerInfo,
+    Placement,
+    PlacementError,
+    place,
+)
 from agiledart.runtime.code import CodeStore, code_ids_in
 from agiledart.runtime.errors import CodeError, DeployError, UnknownApp
 from agiledart.runtime.instance import Deployment
@@ -247,7 +254,7 @@ class Scheduler:
         infos, addresses = await self._path_peers(paths, seen)
         for name, (_, addr) in where.items():
             addresses[name] = addr
-        placement = place(spec, paths, infos)
+        placement = _place_somewhere(spec, paths, infos)
         rec.placement = {op: list(ps) for op, ps in placement.operators.items()}
         rec.paths = [list(p) for p in placement.paths.values()]
         hosts = _hosts(placement)
@@ -536,3 +543,19 @@ def _without_samples(stats: dict[str, Any]) -> dict[str, Any]:
             peer_stats = {**peer_stats, "sinks": sinks}
         out[peer] = peer_stats
     return out
+
+
+def _place_somewhere(
+    spec: AppSpec, paths: dict[tuple[str, str], list[Hop]], infos: dict[str, PeerInfo]
+) -> Placement:
+    """Place with the default slot limit; a ring too small for it (one peer, a few
+    gateways) doubles the limit until the app fits: peers share operators then, which
+    their worker pools schedule, rather than the app being refused."""
+    limit = DEFAULT_SLOT_LIMIT
+    while True:
+        try:
+            return place(spec, paths, infos, slot_limit=limit)
+        except PlacementError as exc:
+            if "no capacity" not in str(exc) or limit >= len(spec.operators):
+                raise
+            limit *= 2
