@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,12 +76,14 @@ def poll(condition: Callable[[], Any], *, what: str, timeout: float = 60.0) -> A
 
 
 @contextlib.contextmanager
-def clusters(tmp_path: Path) -> Iterator[Callable[[int], LocalCluster]]:
+def clusters(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
     """Make clusters that are all torn down, every process reaped, at the end."""
     made: list[LocalCluster] = []
 
-    def make(n: int) -> LocalCluster:
-        cluster = LocalCluster(n, port=free_port(), workdir=tmp_path / f"c{len(made)}")
+    def make(n: int, extra_args: Sequence[str] = ()) -> LocalCluster:
+        cluster = LocalCluster(
+            n, port=free_port(), workdir=tmp_path / f"c{len(made)}", extra_args=list(extra_args)
+        )
         cluster.workdir.mkdir(parents=True)  # type: ignore[union-attr]
         made.append(cluster)
         return cluster.__enter__()
@@ -94,10 +96,12 @@ def clusters(tmp_path: Path) -> Iterator[Callable[[int], LocalCluster]]:
 
 
 @contextlib.contextmanager
-def formed_cluster(root: Path, peers: int) -> Iterator[LocalCluster]:
+def formed_cluster(
+    root: Path, peers: int, extra_args: Sequence[str] = ()
+) -> Iterator[LocalCluster]:
     """One cluster of ``peers`` processes (named as :func:`agiledart.emulate.site_name`
-    does), yielded once its ring has formed; torn down after."""
+    does, started with ``extra_args``), yielded once its ring has formed; torn down after."""
     with clusters(root) as make:
-        cluster = make(peers)
+        cluster = make(peers, extra_args)
         asyncio.run(cluster.wait_formed())
         yield cluster

@@ -1,0 +1,127 @@
+"""Every bundled app gives the reference's results under every scheduler.
+
+One peer process per scheduler hosts whole apps (sources and sinks pinned to it), so
+every operator instance runs on that peer's engine: its own loop (``--workers 0``),
+the EdgeWise or random worker pool, a process per instance (``os``), or processes
+reniced by the Lachesis controller.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.apps import check_outputs, log_sizes, quick
+from support.processes import cli, cli_json, formed_cluster, poll
+
+from agiledart import apps
+from agiledart.emulate import LocalCluster
+
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
+
+SCHEDULERS = {
+    "inline": ["--workers", "0"],
+    "edgewise": ["--workers", "2", "--scheduler", "edgewise"],
+    "random": ["--workers", "2", "--scheduler", "random", "--turn", "7"],
+    "os": ["--scheduler", "os"],
+    "lachesis": ["--scheduler", "lachesis", "--lachesis-policy", "fcfs"],
+}
+
+
+@pytest.fixture(scope="module", params=list(SCHEDULERS))
+def solo(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    name = request.param
+    root = tmp_path_factory.mktemp(name)
+    with formed_cluster(root, 1, SCHEDULERS[name]) as cluster:
+        yield name, cluster
+
+
+def via(cluster: LocalCluster) -> list[str]:
+    return ["--via", "{}:{}".format(*cluster.address(0))]
+
+
+def pinned_here(name: str) -> list[str]:
+    """Overrides pinning every source and sink of bundled app ``name`` to sensor-1."""
+    spec = apps.load(name)
+    return [f"sources.{s.id}.peer=sensor-1" for s in spec.sources] + [
+        f"sinks.{k.id}.peer=sensor-1" for k in spec.sinks
+    ]
+
+
+@pytest.mark.parametrize("app", apps.names())
+def test_bundled_app_matches_reference_under_each_scheduler(solo: Any, app: str) -> None:
+    scheduler, cluster = solo
+    base = pinned_here(app) + (["params.count=30000"] if app == "throughput" else [])
+    overrides = base + quick(apps.load(app, overrides=base), seconds=0.7)
+    spec = apps.load(app, overrides=overrides)
+    logs = log_sizes(cluster)
+    args = [a for o in overrides for a in ("--set", o)]
+    status = cli_json(cluster, "submit", app, *args, "--wait", *via(cluster))
+    check_outputs(cluster, spec, status, logs)
+    engine = cli_json(cluster, "ring", *via(cluster))["execution"]
+    assert engine["scheduler"] == ("lachesis-fcfs" if scheduler == "lachesis" else scheduler)
+    if scheduler in ("edgewise", "random"):
+        assert sum(engine["turns"]) > 0  # the pool ran the operators
+        assert all(pid is not None for pid in engine["pids"])
+    ops = next(iter(status["peers"].values()))["operators"]
+    assert set(ops) == {o.id for o in spec.operators}
+    for figures in ops.values():
+        assert figures["queued"] == 0
+        assert figures["worker_wait_ms"] is None or figures["worker_wait_ms"] >= 0
+
+
+SLOW_CODE = textwrap.dedent(
+    """
+    import time
+
+    def slow(record):
+        deadline = time.perf_counter() + 0.002
+        while time.perf_counter() < deadline:
+            pass
+        return record
+    """
+)
+
+
+def test_lachesis_renices_the_instance_processes(tmp_path: Path) -> None:
+    """A heavy operator's queue grows; the qs policy gives its process the lowest nice
+    value, read back from the kernel while the app runs."""
+    if os.geteuid() != 0:
+        pytest.skip("lowering nice values needs root")
+    bundle = tmp_path / "slow.py"
+    bundle.write_text(SLOW_CODE)
+    flags = ["--scheduler", "lachesis", "--lachesis-policy", "qs"]
+    with formed_cluster(tmp_path / "c", 1, flags) as cluster:
+        code_id = cli(cluster, "register", str(bundle), *via(cluster)).stdout.strip()
+        spec = tmp_path / "skewed.yaml"
+        spec.write_text(
+            textwrap.dedent(
+                f"""
+                name: skewed
+                sources:
+                  - id: readings
+                    peer: sensor-1
+                    connector: generator
+                    params: {{dataset: urban, rate: 2000, count: 200000, seed: 3}}
+                operators:
+                  - {{id: light, op: filter, fn: "builtin:in_range", inputs: [readings]}}
+                  - {{id: heavy, op: map, fn: "{code_id}:slow", inputs: [light]}}
+                sinks:
+                  - {{id: out, peer: sensor-1, connector: discard, inputs: [heavy]}}
+                """
+            )
+        )
+        app_id = cli(cluster, "submit", str(spec), *via(cluster)).stdout.strip()
+
+        def reniced() -> dict[str, int] | None:
+            procs = cli_json(cluster, "ring", *via(cluster))["execution"].get("processes", {})
+            nice = {ops: os.getpriority(os.PRIO_PROCESS, pid) for ops, pid in procs.items()}
+            return nice if nice.get("heavy", 0) < 0 else None
+
+        nice = poll(reniced, what="the heavy operator's process reniced", timeout=60)
+        assert nice["heavy"] < nice["light"]
+        cli(cluster, "stop", app_id, *via(cluster))
