@@ -18,7 +18,10 @@ An operator's ``params`` are bound once, at build time (:func:`bind`): a functio
 marked with :func:`factory` is called as ``fn(**params)`` and must return the
 per-record function (fast: no per-record keyword handling); any other function is
 wrapped as ``functools.partial(fn, **params)``. Functions must not mutate the records
-they are given: a batch may be shared by several consumers.
+they are given: a batch may be shared by several consumers. Nor should they keep state
+between records: a peer's worker pool may run consecutive batches of one operator in
+different worker processes (state belongs in window, aggregate, join, dedupe and top-k,
+whose state the runtime moves with them).
 """
 
 from __future__ import annotations

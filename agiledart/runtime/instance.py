@@ -518,7 +518,8 @@ class AppInstance:
     async def _run(self) -> None:
         try:
             code = code_ids_in(o.fn for o in self.spec.operators if o.id in self.segment_of)
-            await self.engine.open_app(self.app_id, self.spec, code)
+            units = [seg.unit for seg in self.segments if seg.unit is not None]
+            await self.engine.open_app(self.app_id, self.spec, units, code)
             async with asyncio.TaskGroup() as group:
                 self._group = group
                 for seg in self.segments:
@@ -537,7 +538,10 @@ class AppInstance:
         finally:
             self._group = None
             self._close_sinks()
-            await asyncio.shield(self.engine.close_app(self.app_id))
+            try:
+                await asyncio.shield(self.engine.close_app(self.app_id))
+            except Exception:  # the app is over either way; the peer must live on
+                log.exception("app %s: releasing its workers failed", self.app_id)
         if self.failure is not None:
             await self.on_failed(self.failure)
 

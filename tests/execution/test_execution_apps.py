@@ -9,6 +9,7 @@ reniced by the Lachesis controller.
 from __future__ import annotations
 
 import os
+import signal
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,34 +88,66 @@ SLOW_CODE = textwrap.dedent(
 )
 
 
+def skewed_app(tmp_path: Path, cluster: LocalCluster, count: int = 200_000) -> Path:
+    """A light filter and a heavy (2 ms a record) map of registered code."""
+    bundle = tmp_path / "slow.py"
+    bundle.write_text(SLOW_CODE)
+    code_id = cli(cluster, "register", str(bundle), *via(cluster)).stdout.strip()
+    spec = tmp_path / "skewed.yaml"
+    spec.write_text(
+        textwrap.dedent(
+            f"""
+            name: skewed
+            sources:
+              - id: readings
+                peer: sensor-1
+                connector: generator
+                params: {{dataset: urban, rate: 2000, count: {count}, seed: 3}}
+            operators:
+              - {{id: light, op: filter, fn: "builtin:in_range", inputs: [readings]}}
+              - {{id: heavy, op: map, fn: "{code_id}:slow", inputs: [light]}}
+            sinks:
+              - {{id: out, peer: sensor-1, connector: discard, inputs: [heavy]}}
+            """
+        )
+    )
+    return spec
+
+
+def test_a_killed_worker_fails_its_app_and_the_pool_recovers(tmp_path: Path) -> None:
+    with formed_cluster(tmp_path / "c", 1, ["--workers", "2"]) as cluster:
+        spec = skewed_app(tmp_path, cluster)
+        app_id = cli(cluster, "submit", str(spec), *via(cluster)).stdout.strip()
+
+        def busy_pid() -> int | None:
+            engine = cli_json(cluster, "ring", *via(cluster))["execution"]
+            turns = [t for t, pid in zip(engine["turns"], engine["pids"], strict=True) if pid]
+            return engine["pids"][0] if turns and min(turns) > 0 else None
+
+        os.kill(poll(busy_pid, what="both workers running turns"), signal.SIGKILL)
+
+        def failed() -> dict[str, Any] | None:
+            status = cli_json(cluster, "status", app_id, *via(cluster))
+            return status if status["state"] == "failed" else None
+
+        status = poll(failed, what="the app failed")
+        assert "worker process" in status["error"]
+        # the peer lives on, and a new app runs on a fresh worker
+        spec = apps.load("word-count", overrides=pinned_here("word-count"))
+        overrides = pinned_here("word-count") + quick(spec, seconds=0.5)
+        args = [a for o in overrides for a in ("--set", o)]
+        again = cli_json(cluster, "submit", "word-count", *args, "--wait", *via(cluster))
+        assert again["state"] == "finished", again.get("error")
+
+
 def test_lachesis_renices_the_instance_processes(tmp_path: Path) -> None:
     """A heavy operator's queue grows; the qs policy gives its process the lowest nice
     value, read back from the kernel while the app runs."""
     if os.geteuid() != 0:
         pytest.skip("lowering nice values needs root")
-    bundle = tmp_path / "slow.py"
-    bundle.write_text(SLOW_CODE)
     flags = ["--scheduler", "lachesis", "--lachesis-policy", "qs"]
     with formed_cluster(tmp_path / "c", 1, flags) as cluster:
-        code_id = cli(cluster, "register", str(bundle), *via(cluster)).stdout.strip()
-        spec = tmp_path / "skewed.yaml"
-        spec.write_text(
-            textwrap.dedent(
-                f"""
-                name: skewed
-                sources:
-                  - id: readings
-                    peer: sensor-1
-                    connector: generator
-                    params: {{dataset: urban, rate: 2000, count: 200000, seed: 3}}
-                operators:
-                  - {{id: light, op: filter, fn: "builtin:in_range", inputs: [readings]}}
-                  - {{id: heavy, op: map, fn: "{code_id}:slow", inputs: [light]}}
-                sinks:
-                  - {{id: out, peer: sensor-1, connector: discard, inputs: [heavy]}}
-                """
-            )
-        )
+        spec = skewed_app(tmp_path, cluster)
         app_id = cli(cluster, "submit", str(spec), *via(cluster)).stdout.strip()
 
         def reniced() -> dict[str, int] | None:

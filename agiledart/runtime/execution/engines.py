@@ -150,13 +150,20 @@ class Engine:
         self._group = group
 
     def unit(self, *, app_id: str, uid: int, executor: Executor, queue: Queue) -> Unit:
-        u = Unit(self, app_id=app_id, uid=uid, executor=executor, queue=queue)
-        self.units[(app_id, uid)] = u
-        return u
+        """A unit of an app; it runs once :meth:`open_app` has taken the app's units."""
+        return Unit(self, app_id=app_id, uid=uid, executor=executor, queue=queue)
 
-    async def open_app(self, app_id: str, spec: AppSpec, code_ids: Collection[str]) -> None:
-        units = {u.uid: u.ops for (a, _), u in self.units.items() if a == app_id}
-        self._apps[app_id] = (spec.to_dict(), units, sorted(code_ids))
+    async def open_app(
+        self, app_id: str, spec: AppSpec, units: Sequence[Unit], code_ids: Collection[str]
+    ) -> None:
+        for u in units:
+            self.units[(app_id, u.uid)] = u
+        ops = {u.uid: u.ops for u in units}
+        self._apps[app_id] = (spec.to_dict(), ops, sorted(code_ids))
+
+    def units_of(self, app_id: str) -> list[Unit]:
+        """The app's units (a list: other apps come and go while one is awaited)."""
+        return [u for (a, _), u in list(self.units.items()) if a == app_id]
 
     async def close_app(self, app_id: str) -> None:
         self._apps.pop(app_id, None)
@@ -194,6 +201,11 @@ class InlineEngine(Engine):
         return out
 
 
+#: turns a pool worker holds, the one it runs included: the next waits in its socket,
+#: so the worker never idles while the peer hands the last turn's output on
+PREFETCH = 2
+
+
 class PoolEngine(Engine):
     """A fixed pool of worker processes under the EdgeWise (or random) dispatcher."""
 
@@ -205,7 +217,7 @@ class PoolEngine(Engine):
         self._defined: list[set[str]] = [set() for _ in range(config.workers)]
         self._grants: dict[Unit, asyncio.Future[int]] = {}
         self.dispatcher: Dispatcher[Unit] = Dispatcher(
-            config.workers,
+            config.workers * PREFETCH,  # slot s is worker s % workers
             config.scheduler,
             pending=self._pending,
             rng=rng,
@@ -220,13 +232,12 @@ class PoolEngine(Engine):
 
     async def run(self, unit: Unit, kind: str, producer: str, what: Any) -> list[Emission]:
         asked = time.monotonic()
-        w = await self._grant(unit)
+        slot = await self._grant(unit)
+        w = slot % self.config.workers
         unit.wait_s = time.monotonic() - asked
         try:
+            await self._define_on(w, unit.app_id)  # a worker that was restarted
             proc = await self._worker(w)
-            if unit.app_id not in self._defined[w]:
-                await proc.call(self._define(unit.app_id))
-                self._defined[w].add(unit.app_id)
             state = None
             if unit.stateful and unit.holder is not None and unit.holder != w:
                 state = await self._export(unit)
@@ -236,7 +247,7 @@ class PoolEngine(Engine):
             if unit.stateful:
                 unit.holder = w
         finally:
-            self.dispatcher.done(w)
+            self.dispatcher.done(slot)
             self._dispatch()
         unit.add_stats(stats)
         return out  # type: ignore[no-any-return]
@@ -288,7 +299,7 @@ class PoolEngine(Engine):
         old = self.procs[w]
         if old is not None:
             await old.close()
-            for (app_id, _), u in self.units.items():  # its states are gone
+            for (app_id, _), u in list(self.units.items()):  # its states are gone
                 if u.holder == w:
                     u.holder = None
                     log.warning("app %s: worker %d died holding %s", app_id, w, u.ops)
@@ -298,15 +309,27 @@ class PoolEngine(Engine):
         self._defined[w] = set()
         return proc
 
+    async def open_app(
+        self, app_id: str, spec: AppSpec, units: Sequence[Unit], code_ids: Collection[str]
+    ) -> None:
+        """Start the workers and define the app in each before its sources start."""
+        await super().open_app(app_id, spec, units, code_ids)
+        await asyncio.gather(*(self._define_on(w, app_id) for w in range(self.config.workers)))
+
+    async def _define_on(self, w: int, app_id: str) -> None:
+        proc = await self._worker(w)
+        if app_id not in self._defined[w]:
+            self._defined[w].add(app_id)
+            await proc.call(self._define(app_id))
+
     async def close_app(self, app_id: str) -> None:
-        for w, proc in enumerate(self.procs):
+        for w, proc in enumerate(list(self.procs)):
             if proc is not None and proc.alive and app_id in self._defined[w]:
                 self._defined[w].discard(app_id)
                 with contextlib.suppress(WorkerDied):
                     await proc.call(("drop", app_id))
-        for (a, _), u in self.units.items():
-            if a == app_id:
-                self.dispatcher.cancel(u)
+        for u in self.units_of(app_id):
+            self.dispatcher.cancel(u)
         await super().close_app(app_id)
 
     async def aclose(self) -> None:
@@ -319,6 +342,7 @@ class PoolEngine(Engine):
             **super().info(),
             "pids": [None if p is None else p.pid for p in self.procs],
             "turns": [0 if p is None else p.turns for p in self.procs],
+            "busy": [None if p is None else round(p.busy_s / p.age_s, 4) for p in self.procs],
             "migrations": self.migrations,
             "waiting": len(self.dispatcher.waiting),
             "running": len(self.dispatcher.running),
@@ -331,6 +355,7 @@ class ProcessEngine(Engine):
     def __init__(self, config: EngineConfig, cache_dir: Path, *, rng: random.Random) -> None:
         super().__init__(config, cache_dir)
         self.controller: LachesisController | None = None
+        self._control: asyncio.Task[None] | None = None
         if config.scheduler == "lachesis":
             self.controller = LachesisController(
                 config.policy, sample=self._loads, period_s=config.period_s, rng=rng
@@ -339,12 +364,14 @@ class ProcessEngine(Engine):
     def start(self, group: asyncio.TaskGroup) -> None:
         super().start(group)
         if self.controller is not None:
-            group.create_task(self.controller.run(), name="lachesis")
+            self._control = group.create_task(self.controller.run(), name="lachesis")
 
-    async def open_app(self, app_id: str, spec: AppSpec, code_ids: Collection[str]) -> None:
-        await super().open_app(app_id, spec, code_ids)
+    async def open_app(
+        self, app_id: str, spec: AppSpec, units: Sequence[Unit], code_ids: Collection[str]
+    ) -> None:
+        await super().open_app(app_id, spec, units, code_ids)
         group = self._require_group()
-        mine = [u for (a, _), u in self.units.items() if a == app_id]
+        mine = self.units_of(app_id)
         for u in mine:
             proc = WorkerProcess(f"{app_id}/{'+'.join(u.ops)}")
             await proc.start(group)
@@ -363,15 +390,17 @@ class ProcessEngine(Engine):
         return out  # type: ignore[no-any-return]
 
     async def close_app(self, app_id: str) -> None:
-        for (a, _), u in self.units.items():
-            if a == app_id and u.process is not None:
+        for u in self.units_of(app_id):
+            if u.process is not None:
                 await u.process.close()
         await super().close_app(app_id)
 
     async def aclose(self) -> None:
+        if self._control is not None:
+            self._control.cancel()
         if self.controller is not None:
             self.controller.close()
-        for u in self.units.values():
+        for u in list(self.units.values()):
             if u.process is not None:
                 await u.process.close()
 

@@ -16,6 +16,7 @@ import logging
 import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
 from agiledart.app.errors import ExecutionError
@@ -42,10 +43,16 @@ class WorkerProcess:
         self._waiting: collections.deque[asyncio.Future[tuple[Any, ...]]] = collections.deque()
         self._dead: str | None = None
         self.turns = 0
+        self.busy_s = 0.0  #: seconds spent running turns
+        self.started = time.monotonic()
 
     @property
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
+
+    @property
+    def age_s(self) -> float:
+        return max(1e-9, time.monotonic() - self.started)
 
     @property
     def alive(self) -> bool:
@@ -119,6 +126,7 @@ class WorkerProcess:
         if reply[0] != "ok":
             raise TurnFailed(str(reply[1]))
         self.turns += 1
+        self.busy_s += reply[3]
         return reply[1], reply[2], reply[3]
 
     async def close(self) -> None:

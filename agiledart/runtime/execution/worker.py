@@ -36,7 +36,7 @@ from agiledart.app.local import Executor
 from agiledart.app.parse import parse_spec
 from agiledart.app.spec import AppSpec
 from agiledart.operators.base import OperatorStats
-from agiledart.runtime.execution.wire import WorkerGone, recv_frame, send_frame
+from agiledart.runtime.execution.wire import WorkerGone, pack, recv_frame
 
 log = logging.getLogger("agiledart.worker")
 
@@ -76,7 +76,11 @@ class Worker:
             return ("ok", None if gone is None else gone.snapshot(), {}, 0.0)
         if kind == "app":
             _, app_id, spec, units, code_ids, cache_dir = req
-            self.apps[app_id] = _App(parse_spec(spec), dict(units), _resolver(cache_dir, code_ids))
+            if app_id not in self.apps:  # defined once: its executors hold state
+                resolve = _resolver(cache_dir, code_ids)
+                app = self.apps[app_id] = _App(parse_spec(spec), dict(units), resolve)
+                for uid in app.units:  # user factories run now, before the data comes
+                    app.executor(uid, None)
             return ("ok", None, {}, 0.0)
         if kind == "drop":
             self.apps.pop(req[1], None)
@@ -115,9 +119,13 @@ def serve(sock: socket.socket) -> None:
         except (Exception, SystemExit) as exc:  # user code, a bad request: the turn fails
             reply = ("err", f"{type(exc).__name__}: {exc}")
         try:
-            send_frame(sock, reply)
+            frame = pack(reply)
         except Exception as exc:  # an unpicklable result
-            send_frame(sock, ("err", f"cannot send the result: {type(exc).__name__}: {exc}"))
+            frame = pack(("err", f"cannot send the result: {type(exc).__name__}: {exc}"))
+        try:
+            sock.sendall(frame)
+        except OSError:  # the peer went away: so do we
+            return
 
 
 def main(argv: list[str] | None = None) -> int:
