@@ -61,6 +61,17 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # NaN too
+        msg = f"expected a number >= 0, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
 def _positive(text: str) -> int:
     value = _non_negative(text)
     if value == 0:
@@ -134,6 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=50,
         metavar="N",
         help="tuples a worker runs per scheduling turn, at most (default 50)",
+    )
+    p.add_argument(
+        "--offload-us",
+        type=_non_negative_float,
+        default=10.0,
+        metavar="US",
+        help="an operator runs in the peer's own loop until its records cost more than "
+        "this many microseconds each (measured), then in the workers; 0 puts every "
+        "operator in the workers (default 10)",
     )
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     _add_key_options(p)
@@ -228,6 +248,7 @@ def _cmd_peer(args: argparse.Namespace) -> int:
         scheduler=args.scheduler,
         turn=args.turn,
         lachesis_policy=args.lachesis_policy,
+        offload_us=args.offload_us,
         metrics_port=args.metrics_port,
         advertise=args.advertise,
     )

@@ -67,6 +67,7 @@ class PeerConfig:
     scheduler: str = "edgewise"  #: edgewise | random | os | lachesis
     turn: int = 50  #: tuples per scheduling turn, at most
     lachesis_policy: str = "qs"
+    offload_us: float = 10.0  #: operators costing more per record go to the workers
     metrics_port: int | None = None
     advertise: str | None = None
     overlay: OverlayConfig = field(default_factory=OverlayConfig)
@@ -95,6 +96,7 @@ class Peer:
                 workers=config.workers,
                 turn=config.turn,
                 policy=config.lachesis_policy,
+                offload_us=config.offload_us,
             ),
         )
         self._joined = asyncio.Event()

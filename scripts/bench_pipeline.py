@@ -31,14 +31,15 @@ import asyncio
 import importlib.util
 import json
 import platform
+import shlex
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine
-from pathlib import Path
 from typing import Any
 
 import msgpack
+from benchlib import cpu_steal, free_port, steal_pct
 
 from agiledart.datasets import CHUNK, generate_batches
 
@@ -129,7 +130,7 @@ def _engine_run(hosts: list[str], n: int, speedup: float) -> dict[str, Any]:
         source = await cluster.request(index[hosts[0]], "app_stats", {"app_id": "bench"})
         return {"source": source, "sink": sink}
 
-    with LocalCluster(len(peers), port=_free_port()) as cluster:
+    with LocalCluster(len(peers), port=free_port(), extra_args=PEER_ARGS) as cluster:
         got: dict[str, Any] = asyncio.run(go(cluster))
     seconds = got["sink"]["last_at"] - got["source"]["started_at"]
     emitted = got["source"]["sources"]["readings"]["emitted"]
@@ -144,15 +145,9 @@ def _engine_run(hosts: list[str], n: int, speedup: float) -> dict[str, Any]:
     }
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 UNPACED = 1e6  # speedup: sources go as fast as the pipeline takes them
+#: extra ``agiledart peer`` options (``--peer-args``), e.g. ``--workers 0``
+PEER_ARGS: list[str] = []
 
 
 def bench_engine_single(n: int, repeat: int = 1) -> float:
@@ -309,22 +304,6 @@ async def _receive() -> dict[str, Any]:
 # -- harness ----------------------------------------------------------------------------
 
 
-def _cpu_steal() -> tuple[int, int] | None:
-    """(steal, total) jiffies from /proc/stat: how much a hypervisor took from us."""
-    try:
-        line = Path("/proc/stat").read_text().splitlines()[0]
-        fields = [int(x) for x in line.split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return fields[7] if len(fields) > 7 else 0, sum(fields)
-
-
-def _steal_pct(a: tuple[int, int] | None, b: tuple[int, int] | None) -> float | None:
-    if a is None or b is None or b[1] == a[1]:
-        return None
-    return round(100 * (b[0] - a[0]) / (b[1] - a[1]), 1)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000, help="input records")
@@ -336,15 +315,23 @@ def main(argv: list[str] | None = None) -> int:
         default=3,
         help="runs of each measurement; the best is reported (default 3)",
     )
+    parser.add_argument(
+        "--peer-args",
+        default="",
+        metavar="ARGS",
+        help="extra agiledart peer options, e.g. '--workers 0' (default: none, the "
+        "peer's own defaults: the EdgeWise worker pool)",
+    )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    PEER_ARGS[:] = shlex.split(args.peer_args)
     if args.child:
         kind, n = args.child[0], int(args.child[1])
         print(json.dumps(_bytewax_child(n) if kind == "bytewax" else _run(_receive())))
         return 0
 
     n = args.records
-    steal_before = _cpu_steal()
+    steal_before = cpu_steal()
     single = three_tps = p50 = p99 = bytewax = None
     if not args.skip_engine:
         try:
@@ -379,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         "raw_tcp_tps": tps(raw),
         "records": n,
         "repeat": args.repeat,
-        "cpu_steal_pct": _steal_pct(steal_before, _cpu_steal()),
+        "peer_args": args.peer_args,
+        "cpu_steal_pct": steal_pct(steal_before, cpu_steal()),
         "python": platform.python_version(),
     }
     if args.json:

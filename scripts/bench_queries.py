@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchlib import free_port
+
 PEERS = 8
 WINDOW_MS = 10_000
 BUNDLES = {
@@ -82,12 +84,6 @@ sinks:
 
 def log(msg: str) -> None:
     print(f"[bench_queries] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_broker(workdir: Path) -> tuple[subprocess.Popen[bytes], int]:

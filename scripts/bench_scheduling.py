@@ -16,7 +16,9 @@ skewed operator costs, and how evenly the scheduler loads the operators.
   overhead included). Input: the built-in ``urban`` generator, timer-driven at the rate
   under test (as EdgeWise's replayed trace); a ``discard`` sink on the same peer.
 * Peer: per scheduler S, one ``agiledart peer --insecure --name bench --workers 2
-  --scheduler S`` (``lachesis`` with ``--lachesis-policy``; ``--turn``) pinned to 2
+  --scheduler S --offload-us 0`` (``lachesis`` with ``--lachesis-policy``; ``--turn``;
+  ``--offload-us 0`` puts every operator under the scheduler, none in the peer's own
+  loop, as the bench's ``--offload-us`` may change) pinned to 2
   CPUs with ``sched_setaffinity``, which its worker processes inherit (``peer_cpus``:
   the CPUs its whole process tree was seen allowed on). ``inline`` is ``--workers 0``,
   the operators in the peer's own event loop (chained: one meter for all, so its
@@ -78,7 +80,6 @@ import platform
 import re
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -89,6 +90,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from benchlib import cpu_steal, free_port, steal_pct
 
 SCHEDULERS = ("edgewise", "random", "os", "lachesis")
 INLINE = "inline"  #: --workers 0: operators in the peer's own event loop
@@ -146,6 +149,7 @@ class PeerFlags:
     choices: frozenset[str] | None  #: the --scheduler choices, when the help lists them
     lachesis_policy: bool
     turn: bool
+    offload: bool = False
 
     def refuses(self, scheduler: str) -> str | None:
         """Why a peer cannot run ``scheduler``; None when it can."""
@@ -169,6 +173,7 @@ def peer_flags() -> PeerFlags:
         choices=frozenset(choices.group(1).split(",")) if choices else None,
         lachesis_policy="--lachesis-policy" in text,
         turn="--turn" in text,
+        offload="--offload-us" in text,
     )
 
 
@@ -183,23 +188,9 @@ def peer_args(scheduler: str, args: argparse.Namespace, flags: PeerFlags, port: 
             out += ["--lachesis-policy", args.lachesis_policy]
         if flags.turn and args.turn:
             out += ["--turn", str(args.turn)]
+        if flags.offload:
+            out += ["--offload-us", f"{args.offload_us:g}"]
     return out
-
-
-def free_port() -> int:
-    """A port free for both TCP and UDP on 127.0.0.1 (the peer listens on both)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-                u.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return port
-    msg = "no free port"
-    raise RuntimeError(msg)
 
 
 class PeerFailed(RuntimeError):
@@ -751,22 +742,6 @@ def topology_report(
     return report
 
 
-def _cpu_steal() -> tuple[int, int] | None:
-    """(steal, total) jiffies from /proc/stat: how much a hypervisor took from us."""
-    try:
-        line = Path("/proc/stat").read_text().splitlines()[0]
-        fields = [int(x) for x in line.split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return fields[7] if len(fields) > 7 else 0, sum(fields)
-
-
-def _steal_pct(a: tuple[int, int] | None, b: tuple[int, int] | None) -> float | None:
-    if a is None or b is None or b[1] == a[1]:
-        return None
-    return round(100 * (b[0] - a[0]) / (b[1] - a[1]), 1)
-
-
 # -- main -------------------------------------------------------------------------------
 
 
@@ -785,6 +760,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, help="seconds of input per rate step (10)")
     p.add_argument("--lachesis-policy", default="qs", choices=("qs", "fcfs", "hr"), help="(qs)")
     p.add_argument("--turn", type=int, default=50, help="tuples per turn (EdgeWise: 50)")
+    p.add_argument(
+        "--offload-us",
+        type=float,
+        default=0.0,
+        help="the peers' --offload-us: 0 (default) puts every operator under the scheduler "
+        "being measured; the peer's own default (10) keeps cheap ones in its loop",
+    )
     p.add_argument("--start-rate", type=int, help="first rate, records/s (500)")
     p.add_argument("--factor", type=float, default=2.0, help="rate step up (2)")
     p.add_argument("--bisect", type=int, help="bisection steps after the first failure (2)")
@@ -829,7 +811,7 @@ def plan_schedulers(requested: list[str], flags: PeerFlags) -> tuple[list[str], 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    began, steal_before = time.monotonic(), _cpu_steal()
+    began, steal_before = time.monotonic(), cpu_steal()
     if len(args.cpus) < 2:
         log(f"only {len(args.cpus)} CPU(s) available: the peer gets {args.cpus}")
     flags = peer_flags()
@@ -851,6 +833,7 @@ def main(argv: list[str] | None = None) -> int:
         "scheduler_flags": flags.scheduler,
         "lachesis_policy": args.lachesis_policy,
         "turn": args.turn if flags.turn else None,
+        "offload_us": args.offload_us if flags.offload else None,
         "duration_s": args.duration,
         "latency_budget_ms": LATENCY_BUDGET_MS,
         "max_delayed_pct": args.max_delayed_pct,
@@ -862,7 +845,7 @@ def main(argv: list[str] | None = None) -> int:
         "deploy": {s: x.deploy for s, x in sessions.items()},
         "peer_cpus": {s: x.cpus for s, x in sessions.items()},
         "elapsed_s": round(time.monotonic() - began, 1),
-        "cpu_steal_pct": _steal_pct(steal_before, _cpu_steal()),
+        "cpu_steal_pct": steal_pct(steal_before, cpu_steal()),
         "python": platform.python_version(),
     }
     print(json.dumps(report) if args.json else json.dumps(report, indent=2))

@@ -366,6 +366,7 @@ class AppInstance:
         self._group: asyncio.TaskGroup | None = None
         self._runner: asyncio.Task[None] | None = None
         self._started = asyncio.Event()
+        self._ready = asyncio.Event()  #: the engine holds the app: sources may start
         self.started_at_wall: float | None = None
         self._failed = asyncio.Event()
         self.failure: str | None = None
@@ -490,6 +491,19 @@ class AppInstance:
         """Start the segments (they wait for input); sources wait for :meth:`start`."""
         self._runner = group.create_task(self._run(), name=f"app {self.app_id}")
 
+    async def wait_ready(self) -> None:
+        """Until the engine holds the app (workers started, user code loaded in them);
+        raises ExecutionError if the instance failed first."""
+        ready = asyncio.ensure_future(self._ready.wait())
+        failed = asyncio.ensure_future(self._failed.wait())
+        try:
+            await asyncio.wait([ready, failed], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+            failed.cancel()
+        if not self._ready.is_set():
+            raise ExecutionError(self.failure or "the app instance stopped")
+
     def start_sources(self) -> None:
         if not self._started.is_set():
             self.started_at_wall = time.time()
@@ -520,6 +534,7 @@ class AppInstance:
             code = code_ids_in(o.fn for o in self.spec.operators if o.id in self.segment_of)
             units = [seg.unit for seg in self.segments if seg.unit is not None]
             await self.engine.open_app(self.app_id, self.spec, units, code)
+            self._ready.set()
             async with asyncio.TaskGroup() as group:
                 self._group = group
                 for seg in self.segments:
@@ -537,6 +552,8 @@ class AppInstance:
             log.error("app %s failed on %s: %s", self.app_id, self.me, self.failure)
         finally:
             self._group = None
+            if not self._ready.is_set():  # wait_ready must not wait for ever
+                self._failed.set()
             self._close_sinks()
             try:
                 await asyncio.shield(self.engine.close_app(self.app_id))
@@ -735,12 +752,12 @@ class AppInstance:
     async def _segment_loop(self, seg: Segment) -> None:
         unit = seg.unit
         assert unit is not None
-        turn = self.engine.turn
         while True:
             while not seg.inbox:
                 seg.wake.clear()
                 await seg.wake.wait()
             item = seg.inbox[0]
+            turn = unit.turn
             done = True
             if item.records is not None:
                 first, n = item.offset, len(item.records)

@@ -270,6 +270,12 @@ class AppRuntime:
             raise ExecutionError(msg) from exc
         inst.launch(self._group)
         self.instances[d.app_id] = inst
+        try:
+            await inst.wait_ready()  # "deployed" means ready: workers up, code loaded
+        except ExecutionError:
+            self.instances.pop(d.app_id, None)
+            await inst.stop()
+            raise
         return {"deployed": True, "operators": inst.local_ops}
 
     async def _start(self, req: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:

@@ -23,6 +23,7 @@ KEYS = [
     "raw_tcp_tps",
     "records",
     "repeat",
+    "peer_args",
     "cpu_steal_pct",
     "python",
 ]

@@ -37,6 +37,7 @@ KEYS = [
     "scheduler_flags",
     "lachesis_policy",
     "turn",
+    "offload_us",
     "duration_s",
     "latency_budget_ms",
     "max_delayed_pct",
@@ -55,6 +56,8 @@ KEYS = [
 
 @functools.cache
 def _bench() -> ModuleType:
+    if str(SCRIPT.parent) not in sys.path:  # as `python scripts/...` has it: benchlib
+        sys.path.append(str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("bench_scheduling", SCRIPT)
     assert spec is not None
     assert spec.loader is not None

@@ -24,12 +24,15 @@ from agiledart.emulate import LocalCluster
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
+ALL_IN_WORKERS = ["--offload-us", "0"]  # every operator under the scheduler under test
 SCHEDULERS = {
     "inline": ["--workers", "0"],
-    "edgewise": ["--workers", "2", "--scheduler", "edgewise"],
-    "random": ["--workers", "2", "--scheduler", "random", "--turn", "7"],
-    "os": ["--scheduler", "os"],
-    "lachesis": ["--scheduler", "lachesis", "--lachesis-policy", "fcfs"],
+    "edgewise": ["--workers", "2", "--scheduler", "edgewise", *ALL_IN_WORKERS],
+    "random": ["--workers", "2", "--scheduler", "random", "--turn", "7", *ALL_IN_WORKERS],
+    "os": ["--scheduler", "os", *ALL_IN_WORKERS],
+    "lachesis": ["--scheduler", "lachesis", "--lachesis-policy", "fcfs", *ALL_IN_WORKERS],
+    # operators costing over 1 us a record move to the workers mid-stream, state and all
+    "moving": ["--workers", "2", "--offload-us", "1"],
 }
 
 
@@ -64,7 +67,8 @@ def test_bundled_app_matches_reference_under_each_scheduler(solo: Any, app: str)
     status = cli_json(cluster, "submit", app, *args, "--wait", *via(cluster))
     check_outputs(cluster, spec, status, logs)
     engine = cli_json(cluster, "ring", *via(cluster))["execution"]
-    assert engine["scheduler"] == ("lachesis-fcfs" if scheduler == "lachesis" else scheduler)
+    expected = {"lachesis": "lachesis-fcfs", "moving": "edgewise"}.get(scheduler, scheduler)
+    assert engine["scheduler"] == expected
     if scheduler in ("edgewise", "random"):
         assert sum(engine["turns"]) > 0  # the pool ran the operators
         assert all(pid is not None for pid in engine["pids"])
@@ -115,16 +119,17 @@ def skewed_app(tmp_path: Path, cluster: LocalCluster, count: int = 200_000) -> P
 
 
 def test_a_killed_worker_fails_its_app_and_the_pool_recovers(tmp_path: Path) -> None:
-    with formed_cluster(tmp_path / "c", 1, ["--workers", "2"]) as cluster:
+    with formed_cluster(tmp_path / "c", 1, ["--workers", "2", *ALL_IN_WORKERS]) as cluster:
         spec = skewed_app(tmp_path, cluster)
         app_id = cli(cluster, "submit", str(spec), *via(cluster)).stdout.strip()
 
-        def busy_pid() -> int | None:
+        def busy() -> list[int] | None:
             engine = cli_json(cluster, "ring", *via(cluster))["execution"]
             turns = [t for t, pid in zip(engine["turns"], engine["pids"], strict=True) if pid]
-            return engine["pids"][0] if turns and min(turns) > 0 else None
+            return engine["pids"] if turns and min(turns) > 10 else None
 
-        os.kill(poll(busy_pid, what="both workers running turns"), signal.SIGKILL)
+        for pid in poll(busy, what="both workers running turns"):  # one runs a turn
+            os.kill(pid, signal.SIGKILL)
 
         def failed() -> dict[str, Any] | None:
             status = cli_json(cluster, "status", app_id, *via(cluster))
@@ -145,7 +150,7 @@ def test_lachesis_renices_the_instance_processes(tmp_path: Path) -> None:
     value, read back from the kernel while the app runs."""
     if os.geteuid() != 0:
         pytest.skip("lowering nice values needs root")
-    flags = ["--scheduler", "lachesis", "--lachesis-policy", "qs"]
+    flags = ["--scheduler", "lachesis", "--lachesis-policy", "qs", *ALL_IN_WORKERS]
     with formed_cluster(tmp_path / "c", 1, flags) as cluster:
         spec = skewed_app(tmp_path, cluster)
         app_id = cli(cluster, "submit", str(spec), *via(cluster)).stdout.strip()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.apps import quick
 from support.processes import formed_cluster
 
 from agiledart import apps
@@ -404,15 +405,6 @@ async def test_a_malformed_app_record_is_an_unknown_app_and_apps_still_lists(
 
 
 # -- and afterwards, an app still runs -------------------------------------------------------
-
-
-def quick(spec: AppSpec, seconds: float = 1.5) -> list[str]:
-    out = []
-    for s in spec.sources:
-        count, rate = s.params.get("count"), s.params.get("rate")
-        if count and rate:
-            out.append(f"sources.{s.id}.params.speedup={max(1.0, count / rate / seconds):.3f}")
-    return out
 
 
 async def test_an_app_submitted_after_the_garbage_finishes(site: LocalCluster) -> None:

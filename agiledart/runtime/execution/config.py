@@ -18,6 +18,9 @@ class EngineConfig:
     turn: int = 50  #: tuples per turn, at most (EdgeWise's at-most-N)
     policy: str = "qs"  #: Lachesis policy: qs | fcfs | hr
     period_s: float = 1.0  #: Lachesis control period
+    #: an operator stays in the peer's loop while its records cost less than this
+    #: (measured); 0 sends every operator to the workers
+    offload_us: float = 10.0
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -26,8 +29,8 @@ class EngineConfig:
         if self.policy not in LACHESIS_POLICIES:
             msg = f"Lachesis policy must be one of {', '.join(LACHESIS_POLICIES)}"
             raise ValueError(msg)
-        if self.workers < 0 or self.turn < 1 or self.period_s <= 0:
-            msg = "workers must be >= 0, turn >= 1 and the period > 0"
+        if self.workers < 0 or self.turn < 1 or self.period_s <= 0 or self.offload_us < 0:
+            msg = "workers and offload_us must be >= 0, turn >= 1 and the period > 0"
             raise ValueError(msg)
 
     @property

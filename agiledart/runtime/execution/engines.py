@@ -72,8 +72,18 @@ class Queue(Protocol):
     def rate(self, now: float) -> float: ...  # input tuples/s
 
 
+#: a unit running in the peer is measured over this many records at a time
+PROBE_RECORDS = 2000
+
+
 class Unit:
-    """One operator instance (or, inline, a chained group) as its engine runs it."""
+    """One operator instance (or, inline, a chained group) as its engine runs it.
+
+    Every unit starts in the peer's loop (``local``) and is measured; one whose records
+    cost more than the engine's ``offload_us`` each moves to the workers for good,
+    its state handed over with its first turn there. A cheap operator costs less than
+    the round trip to a worker (~100 us a turn), so it stays.
+    """
 
     def __init__(
         self,
@@ -87,29 +97,67 @@ class Unit:
         self.engine = engine
         self.app_id = app_id
         self.uid = uid
-        self.executor = executor  #: inline: the executor; else counters and watermarks
+        self.executor = executor  #: run here while local; else counters and watermarks
         self.queue = queue
         self.stateful = any(op.stateful for op in executor.operators.values())
+        self.local = True
+        self.handover: dict[str, bytes] | None = None  #: state for its first remote turn
         self.holder: int | None = None  #: the worker holding the state (pool)
         self.process: WorkerProcess | None = None  #: its own process (os, lachesis)
         self.wait_s = 0.0  #: the last turn's wait for a worker
         self.service_s = 0.0  #: the last turn's execution time
-        self.records_out = 0
+        self._probe = [0, 0.0]  #: records and seconds measured here since the last check
 
     @property
     def ops(self) -> list[str]:
         return list(self.executor.operators)
 
+    @property
+    def turn(self) -> int | None:
+        """Tuples per turn, at most (None: the whole batch)."""
+        return None if self.local else self.engine.turn
+
     async def feed(self, producer: str, records: list[Any]) -> list[Emission]:
-        return await self.engine.run(self, "feed", producer, records)
+        if not self.local:
+            return await self.engine.run(self, "feed", producer, records)
+        start = time.perf_counter()
+        out = self.executor.feed(producer, records)
+        self.service_s, self.wait_s = time.perf_counter() - start, 0.0
+        self._measure(len(records))
+        return out
+
+    def _measure(self, records: int) -> None:
+        limit = self.engine.offload_s
+        if limit is None:
+            return
+        probe = self._probe
+        probe[0] += records
+        probe[1] += self.service_s
+        if probe[0] < PROBE_RECORDS:
+            return
+        if probe[1] / probe[0] > limit:
+            self.local = False
+            if self.stateful:
+                self.handover = self.executor.snapshot()
+            log.info(
+                "app %s: %s costs %.1f us a record: moved to the workers",
+                self.app_id,
+                "+".join(self.ops),
+                probe[1] / probe[0] * 1e6,
+            )
+        probe[0], probe[1] = 0, 0.0
 
     async def watermark(self, producer: str, wm: int) -> list[Emission]:
-        if self.stateful and not isinstance(self.engine, InlineEngine):
+        if self.stateful and not self.local:
             return await self.engine.run(self, "wm", producer, wm)
         start = time.perf_counter()
         out = self.executor.watermark(producer, wm)  # no user code: here is cheapest
         self.service_s, self.wait_s = time.perf_counter() - start, 0.0
         return out
+
+    def take_handover(self) -> dict[str, bytes] | None:
+        state, self.handover = self.handover, None
+        return state
 
     def add_stats(self, stats: dict[str, dict[str, Any]]) -> None:
         for name, delta in stats.items():
@@ -138,6 +186,8 @@ class Engine:
     def __init__(self, config: EngineConfig, cache_dir: Path) -> None:
         self.config = config
         self.cache_dir = cache_dir
+        #: seconds a record may cost in the peer's loop (None: no limit, all stay)
+        self.offload_s: float | None = config.offload_us / 1e6
         self._group: asyncio.TaskGroup | None = None
         self.units: dict[tuple[str, int], Unit] = {}
         self._apps: dict[str, tuple[dict[str, Any], dict[int, list[str]], list[str]]] = {}
@@ -177,7 +227,15 @@ class Engine:
         return None
 
     def info(self) -> dict[str, Any]:
-        return {"scheduler": self.name, "workers": self.config.workers, "turn": self.turn}
+        units = list(self.units.values())
+        return {
+            "scheduler": self.name,
+            "workers": self.config.workers,
+            "turn": self.turn,
+            "offload_us": None if self.offload_s is None else self.config.offload_us,
+            "in_peer": sorted(f"{u.app_id}/{'+'.join(u.ops)}" for u in units if u.local),
+            "in_workers": sorted(f"{u.app_id}/{'+'.join(u.ops)}" for u in units if not u.local),
+        }
 
     def _define(self, app_id: str) -> tuple[Any, ...]:
         spec, units, code_ids = self._apps[app_id]
@@ -192,6 +250,10 @@ class Engine:
 
 class InlineEngine(Engine):
     chains = True
+
+    def __init__(self, config: EngineConfig, cache_dir: Path) -> None:
+        super().__init__(config, cache_dir)
+        self.offload_s = None
 
     async def run(self, unit: Unit, kind: str, producer: str, what: Any) -> list[Emission]:
         start = time.perf_counter()
@@ -238,7 +300,7 @@ class PoolEngine(Engine):
         try:
             await self._define_on(w, unit.app_id)  # a worker that was restarted
             proc = await self._worker(w)
-            state = None
+            state = unit.take_handover()
             if unit.stateful and unit.holder is not None and unit.holder != w:
                 state = await self._export(unit)
             out, stats, unit.service_s = await proc.call(
@@ -370,20 +432,21 @@ class ProcessEngine(Engine):
         self, app_id: str, spec: AppSpec, units: Sequence[Unit], code_ids: Collection[str]
     ) -> None:
         await super().open_app(app_id, spec, units, code_ids)
-        group = self._require_group()
-        mine = self.units_of(app_id)
-        for u in mine:
-            proc = WorkerProcess(f"{app_id}/{'+'.join(u.ops)}")
-            await proc.start(group)
-            u.process = proc
-        await asyncio.gather(*(_call(u.process, self._define(app_id)) for u in mine))
+        if self.offload_s == 0:  # every unit goes to its process: start them all now
+            await asyncio.gather(*(self._process(u) for u in units))
+
+    async def _process(self, unit: Unit) -> WorkerProcess:
+        """The unit's own process, started (and the app defined in it) on first use."""
+        if unit.process is None:
+            proc = unit.process = WorkerProcess(f"{unit.app_id}/{'+'.join(unit.ops)}")
+            await proc.start(self._require_group())
+            await proc.call(self._define(unit.app_id))
+        return unit.process
 
     async def run(self, unit: Unit, kind: str, producer: str, what: Any) -> list[Emission]:
-        if unit.process is None:
-            msg = f"app {unit.app_id}: {unit.ops} has no process"
-            raise ExecutionError(msg)
-        out, stats, unit.service_s = await unit.process.call(
-            (kind, unit.app_id, unit.uid, producer, what, None)
+        proc = await self._process(unit)
+        out, stats, unit.service_s = await proc.call(
+            (kind, unit.app_id, unit.uid, producer, what, unit.take_handover())
         )
         unit.wait_s = 0.0
         unit.add_stats(stats)
@@ -437,11 +500,6 @@ class ProcessEngine(Engine):
                 "privileged": self.controller.privileged,
             }
         return out
-
-
-async def _call(proc: WorkerProcess | None, request: tuple[Any, ...]) -> None:
-    if proc is not None:
-        await proc.call(request)
 
 
 def make_engine(
