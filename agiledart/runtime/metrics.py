@@ -65,6 +65,7 @@ class InstanceMeter:
         self.started = now
         self._buckets: dict[int, list[float]] = {}
         self._nonempty_since: float | None = None
+        self._fed = False
 
     def _bucket(self, now: float) -> list[float]:
         second = int(now)
@@ -84,7 +85,11 @@ class InstanceMeter:
             t = edge
 
     def queued(self, now: float) -> None:
-        """An item was put in an empty inbox."""
+        """An item was put in an empty inbox (the first one starts the clock: the time
+        an instance waits for its first input is not idleness)."""
+        if not self._fed:
+            self._fed = True
+            self.started = now
         if self._nonempty_since is None:
             self._nonempty_since = now
 

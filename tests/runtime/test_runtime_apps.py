@@ -300,7 +300,7 @@ def test_overload_is_shed_or_pushed_back_and_memory_stays_bounded(
     credits = InstanceOptions().credits
     for peer in status["peers"].values():  # every queue within its credit
         for op in peer["operators"].values():  # 2 remote inputs; watermarks merged
-            assert op["queued"] <= 2 * credits + 2 * 2
+            assert op["queued_batches"] <= 2 * credits + 2 * 2
         for edge in peer["edges"].values():
             assert 0 <= edge["credit"] <= InstanceOptions().credits
     cli(site, "stop", app_id, *via(site))

@@ -48,8 +48,16 @@ def test_old_load_leaves_the_window() -> None:
 
 def test_a_stretch_still_open_counts_up_to_now() -> None:
     m = InstanceMeter(0.0, window_s=10)
-    m.queued(5.0)  # non-empty since 5 s, nothing executed yet (a stuck worker)
-    assert m.reading(10.0).utilization == pytest.approx(0.5)
+    m.queued(1.0)  # fed from 1 s: the clock starts
+    m.drained(3.0)
+    m.queued(6.0)  # non-empty since 6 s, nothing executed yet (a stuck worker)
+    assert m.reading(10.0).utilization == pytest.approx((2 + 4) / 9)
+
+
+def test_the_wait_for_the_first_input_is_not_idleness() -> None:
+    m = InstanceMeter(0.0, window_s=10)
+    m.queued(5.0)  # deployed at 0, first input at 5
+    assert m.reading(10.0).utilization == pytest.approx(1.0)
 
 
 def test_window_must_be_positive() -> None:

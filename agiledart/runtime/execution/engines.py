@@ -78,8 +78,10 @@ class Queue(Protocol):
     def rate(self, now: float) -> float: ...  # input tuples/s
 
 
-#: a unit running in the peer is measured over this many records at a time
+#: a unit running in the peer is judged every this many records, or this much time in
+#: the loop, whichever comes first (a costly operator blocks the loop ~50 ms at most)
 PROBE_RECORDS = 2000
+PROBE_S = 0.05
 
 
 class Unit:
@@ -88,7 +90,8 @@ class Unit:
     Every unit starts in the peer's loop (``local``) and is measured; one whose records
     cost more than the engine's ``offload_us`` each moves to the workers for good,
     its state handed over with its first turn there. A cheap operator costs less than
-    the round trip to a worker (~100 us a turn), so it stays.
+    the round trip to a worker (~100 us a turn), so it stays. Until it is first judged
+    it runs in turns like a worker's, so an unknown operator cannot hold the loop long.
     """
 
     def __init__(
@@ -113,6 +116,7 @@ class Unit:
         self.wait_s = 0.0  #: the last turn's wait for a worker
         self.service_s = 0.0  #: the last turn's execution time
         self._probe = [0, 0.0]  #: records and seconds measured here since the last check
+        self._judged = engine.offload_s is None
 
     @property
     def ops(self) -> list[str]:
@@ -121,7 +125,9 @@ class Unit:
     @property
     def turn(self) -> int | None:
         """Tuples per turn, at most (None: the whole batch)."""
-        return None if self.local else self.engine.turn
+        if not self.local:
+            return self.engine.turn
+        return None if self._judged else self.engine.config.turn
 
     async def feed(self, producer: str, records: list[Any]) -> list[Emission]:
         if not self.local:
@@ -139,8 +145,9 @@ class Unit:
         probe = self._probe
         probe[0] += records
         probe[1] += self.service_s
-        if probe[0] < PROBE_RECORDS:
+        if probe[0] < PROBE_RECORDS and probe[1] < PROBE_S:
             return
+        self._judged = True
         if probe[1] / probe[0] > limit:
             self.local = False
             if self.stateful:
