@@ -80,6 +80,14 @@ def _positive(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    value = _non_negative(text)
+    if value > 65535:
+        msg = f"expected a port number (0-65535; 0: any free port), got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agiledart",
@@ -116,7 +124,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="where the node id and state live (default ./state)",
     )
-    p.add_argument("--trace-dir", type=Path, help="write traces here")
+    p.add_argument(
+        "--trace-dir",
+        type=Path,
+        help="write traces here (NDJSON, one folder per peer; docs/traces.md)",
+    )
+    p.add_argument(
+        "--links",
+        type=Path,
+        metavar="FILE",
+        help="emulated link model (docs/bandit-graphs.md format, nodes named after peers): "
+        "data to peers that are not direct neighbours is relayed hop by hop by the KL-UCB "
+        "rule, and every link loses and delays attempts as the file says",
+    )
     p.add_argument(
         "--workers",
         type=_non_negative,
@@ -155,7 +175,25 @@ def build_parser() -> argparse.ArgumentParser:
         "this many microseconds each (measured), then in the workers; 0 puts every "
         "operator in the workers (default 10)",
     )
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="P",
+        help="serve Prometheus metrics at http://LISTEN-HOST:P/metrics",
+    )
+    p.add_argument(
+        "--dashboard-port",
+        type=_port,
+        metavar="P",
+        help="serve the web dashboard on this port (off by default; its URL, with the "
+        "token, is printed at start-up and by `agiledart dashboard-url`)",
+    )
+    p.add_argument(
+        "--dashboard-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address the dashboard listens on (default 127.0.0.1)",
+    )
     _add_key_options(p)
     p.set_defaults(func=_cmd_peer)
 
@@ -189,11 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     from agiledart.cli_apps import add_parsers as add_app_commands
     from agiledart.emulate import add_parser as add_emulate
     from agiledart.sensors import add_parser as add_sensors
+    from agiledart.site.cli import add_parser as add_dashboard_url
 
     add_app_commands(sub, _add_via, call_peer, _run)
 
     add_emulate(sub)
     add_sensors(sub)
+    add_dashboard_url(sub, _add_via, call_peer, _run)
     return parser
 
 
@@ -250,14 +290,12 @@ def _cmd_peer(args: argparse.Namespace) -> int:
         lachesis_policy=args.lachesis_policy,
         offload_us=args.offload_us,
         metrics_port=args.metrics_port,
+        dashboard_port=args.dashboard_port,
+        dashboard_host=args.dashboard_host,
         advertise=args.advertise,
+        links=args.links,
     )
     key = _key(args)
-    for flag, value in (("--metrics-port", args.metrics_port), ("--trace-dir", args.trace_dir)):
-        if value is not None:
-            logging.getLogger("agiledart").warning(
-                "%s is accepted but not used yet: it arrives with a later release", flag
-            )
     if key.insecure:
         logging.getLogger("agiledart").warning("running with --insecure: frames can be forged")
 
@@ -271,6 +309,8 @@ def _cmd_peer(args: argparse.Namespace) -> int:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, peer.stop)
             print(f"peer {peer.name} listening on {peer.address[0]}:{peer.address[1]}", flush=True)
+            for line in peer.site.banner() if peer.site is not None else ():
+                print(line, flush=True)
             await peer.wait_stopped()
 
     _run(run())

@@ -70,7 +70,11 @@ def add_parser(sub: Any) -> None:
         "placement, and print a summary. Ends when the app finishes, after --duration "
         "seconds, or on Ctrl-C; the peers' logs and the sinks' output files are kept.",
     )
-    p.add_argument("--peers", type=int, default=8, help="peer processes (default 8)")
+    p.add_argument(
+        "--peers",
+        type=int,
+        help="peer processes (default 8, or as many as --links names)",
+    )
     p.add_argument(
         "--app",
         default=DEFAULT_APP,
@@ -90,8 +94,19 @@ def add_parser(sub: Any) -> None:
         help="seconds the app may run before it is stopped (default 60; a finite app "
         "ends the run when it finishes)",
     )
-    p.add_argument("--links", help="link model JSON (delay/loss per pair); not used yet")
-    p.add_argument("--trace-dir", type=Path, help="keep peer traces here; not used yet")
+    p.add_argument(
+        "--links",
+        type=Path,
+        metavar="FILE",
+        help="emulated network (docs/bandit-graphs.md format; nodes are peer names: "
+        "sensor-1, sensor-2, gateway-1, gateway-2, edge-1, ...): per-link loss and delay, "
+        "and data between peers that are not neighbours relayed hop by hop (KL-UCB)",
+    )
+    p.add_argument(
+        "--trace-dir",
+        type=Path,
+        help="the peers write traces here (docs/traces.md), for `agiledart analyze`",
+    )
     p.add_argument("--port", type=int, default=PORT, help=f"port of every peer (default {PORT})")
     p.add_argument(
         "--json",
@@ -422,10 +437,22 @@ def summarize(p: Progress, *, workdir: Path, wall_s: float) -> dict[str, Any]:
         "sinks": s.get("sinks", {}),
         "paths": unique_paths(s),
         "outputs": sink_outputs(s),
+        "relay": relay_totals(p.rings),
         "workdir": str(workdir),
         "run_s": round(run_s, 2),
         "wall_s": round(wall_s, 2),
     }
+
+
+def relay_totals(rings: list[dict[str, Any] | None]) -> dict[str, int] | None:
+    """The relay layer's counters summed over the peers (None: no link model)."""
+    total: dict[str, int] = {}
+    for ring in rings:
+        relay = (ring or {}).get("relay")
+        if isinstance(relay, dict):
+            for k, v in relay.get("stats", {}).items():
+                total[k] = total.get(k, 0) + int(v)
+    return total or None
 
 
 def summary_text(x: dict[str, Any]) -> str:
@@ -453,6 +480,15 @@ def summary_text(x: dict[str, Any]) -> str:
         f"  sink {n} @ {peer}: {x['outputs'].get(n) or '-'}" for n, peer in x["sinks"].items()
     ]
     lines += [f"  path: {' -> '.join(path)}" for path in x["paths"]]
+    r = x.get("relay")
+    if r:
+        lines.append(
+            f"  relayed: {r['sent']:,} packets, {r['delivered']:,} delivered, "
+            f"{r['attempts']:,} attempts ({r['failures']:,} lost), {r['forwarded']:,} relay hops, "
+            f"{r['duplicates']:,} duplicates dropped"
+        )
+    if x.get("trace_dir"):
+        lines.append(f"  traces: {x['trace_dir']}  (agiledart analyze {x['trace_dir']} --out DIR)")
     lines.append(f"  peer logs and cluster key: {x['workdir']}")
     return "\n".join(lines)
 
@@ -483,6 +519,27 @@ def _spec_text(app: str) -> str:
     raise AppError(msg)
 
 
+def _peers_for_links(path: Path) -> int:
+    """How many site peers a link file needs: its nodes must be site names."""
+    from agiledart.bandit.errors import GraphError
+    from agiledart.runtime.linkmodel import LinkModel
+
+    try:
+        model = LinkModel.load(path)
+    except GraphError as exc:
+        msg = f"--links {path}: {exc}"
+        raise AgiledartError(msg) from None
+    index = {site_name(i): i for i in range(250)}
+    unknown = [n for n in model.peers if n not in index]
+    if unknown:
+        msg = (
+            f"--links {path}: nodes {unknown} are not peer names of an emulated site "
+            f"({', '.join(site_name(i) for i in range(6))}, ...)"
+        )
+        raise AgiledartError(msg)
+    return max(index[n] for n in model.peers) + 1
+
+
 def submit_peer(cluster: LocalCluster, spec: AppSpec) -> int:
     """The last peer that is neither a source nor a sink of ``spec`` (else the last)."""
     pinned = {s.peer for s in spec.sources} | {k.peer for k in spec.sinks}
@@ -491,12 +548,22 @@ def submit_peer(cluster: LocalCluster, spec: AppSpec) -> int:
 
 
 def _cmd_emulate(args: argparse.Namespace) -> int:
-    if args.links or args.trace_dir:
-        print("note: --links and --trace-dir are accepted but not used yet", file=sys.stderr)
     if args.duration <= 0:
         msg = "--duration must be positive"
         raise AgiledartError(msg)
-    cluster = LocalCluster(args.peers, port=args.port)
+    extra: list[str] = []
+    peers = args.peers
+    if args.links is not None:
+        needed = _peers_for_links(args.links)
+        if peers is not None and peers < needed:
+            msg = f"--links names {needed} peers' worth of sites; --peers {peers} is too few"
+            raise AgiledartError(msg)
+        peers = peers or needed
+        extra += ["--links", str(args.links.resolve())]
+    if args.trace_dir is not None:
+        args.trace_dir.mkdir(parents=True, exist_ok=True)
+        extra += ["--trace-dir", str(args.trace_dir.resolve())]
+    cluster = LocalCluster(peers or 8, port=args.port, extra_args=extra)
     text = _spec_text(args.app)
     names = [cluster.name(i) for i in range(cluster.peers)]
     spec = parse_spec(text, overrides=args.set, known_peers=names)  # fail before any peer
@@ -506,6 +573,7 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
     began = time.monotonic()
     progress = asyncio.run(_emulate(cluster, run, console))
     summary = summarize(progress, workdir=cluster.workdir, wall_s=time.monotonic() - began)
+    summary["trace_dir"] = None if args.trace_dir is None else str(args.trace_dir)
     if not args.json or not console.is_terminal:
         console.line()  # after the live view's last line, which may lack its newline
     if args.json:

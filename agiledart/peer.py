@@ -20,7 +20,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agiledart.errors import AgiledartError
 from agiledart.overlay import ids
@@ -32,6 +32,11 @@ from agiledart.overlay.tcp import ConnectionInfo, FrameServer
 from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.links import Links
 from agiledart.runtime.service import AppRuntime
+from agiledart.traces import NullTraceWriter, TraceWriter
+
+if TYPE_CHECKING:
+    from agiledart.runtime.linkmodel import LinkModel
+    from agiledart.site import Site
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +73,11 @@ class PeerConfig:
     turn: int = 50  #: tuples per scheduling turn, at most
     lachesis_policy: str = "qs"
     offload_us: float = 10.0  #: operators costing more per record go to the workers
-    metrics_port: int | None = None
+    metrics_port: int | None = None  #: Prometheus metrics on the listen host (agiledart.site)
+    dashboard_port: int | None = None  #: the web dashboard (agiledart.site), off by default
+    dashboard_host: str = "127.0.0.1"
     advertise: str | None = None
+    links: Path | None = None  #: emulated link model (docs/bandit-graphs.md format)
     overlay: OverlayConfig = field(default_factory=OverlayConfig)
 
 
@@ -85,6 +93,12 @@ class Peer:
         )
         self.frames = FrameServer(key=key, name=self.name)
         self.links = Links(key, self.name)
+        self.trace: TraceWriter | NullTraceWriter = NullTraceWriter()
+        if config.trace_dir is not None:
+            self.trace = TraceWriter(
+                config.trace_dir, self.name, node_id=f"{self.node_id:040x}", zone=config.zone
+            )
+        self.link_model = _link_model(config.links, self.name)
         self.runtime = AppRuntime(
             name=self.name,
             overlay=self.overlay,
@@ -98,6 +112,8 @@ class Peer:
                 policy=config.lachesis_policy,
                 offload_us=config.offload_us,
             ),
+            link_model=self.link_model,
+            trace=self.trace,
         )
         self._joined = asyncio.Event()
         self.frames.route("ring", self._ring)
@@ -105,6 +121,7 @@ class Peer:
         self.overlay.on_deliver("probe", _probe)
         self._group: asyncio.TaskGroup | None = None
         self._stopped = asyncio.Event()
+        self.site: Site | None = None  #: metrics endpoint and dashboard, when configured
 
     async def __aenter__(self) -> Peer:
         host, port = self.config.listen
@@ -119,9 +136,14 @@ class Peer:
                 raise ConfigError(msg) from exc
             port = self.overlay.address[1]
             await self.frames.start(self._group, host, port)
+            if self.config.metrics_port is not None or self.config.dashboard_port is not None:
+                from agiledart.site import Site
+
+                self.site = await Site.start(self, self._group)
         except BaseException:
             await self.__aexit__(None, None, None)
             raise
+        await self.trace.start()
         self._group.create_task(self._join_loop())
         self.runtime.start(self._group, self._joined)
         log.info("peer %s (%s) listening on %s:%d", self.name, ids.short(self.node_id), host, port)
@@ -129,7 +151,10 @@ class Peer:
 
     async def __aexit__(self, *exc: object) -> None:
         self._stopped.set()
+        if self.site is not None:
+            await self.site.aclose()
         await self.runtime.aclose()
+        await self.trace.aclose()
         await self.links.aclose()
         await self.frames.aclose()
         await self.overlay.__aexit__(None, None, None)
@@ -162,6 +187,7 @@ class Peer:
         (peers of a site start in any order)."""
         if not self.config.bootstrap:
             self._joined.set()
+            self._trace_joined()
             return
         delay = 0.5
         while not self._stopped.is_set():
@@ -170,6 +196,7 @@ class Peer:
             if known:
                 log.info("joined the ring: %d peers known", known)
                 self._joined.set()
+                self._trace_joined()
                 return
             log.warning("no bootstrap peer answered; retrying in %.1f s", delay)
             try:
@@ -177,6 +204,15 @@ class Peer:
                     await self._stopped.wait()
             except TimeoutError:
                 delay = min(delay * 2, 30.0)
+
+    def _trace_joined(self) -> None:
+        self.trace.emit(
+            "peer",
+            event="join",
+            subject=self.name,
+            node_id=f"{self.node_id:040x}",
+            zone=self.config.zone,
+        )
 
     async def _resolve(self, addresses: Sequence[Address]) -> list[Address]:
         loop = asyncio.get_running_loop()
@@ -225,6 +261,10 @@ class Peer:
             "frames": dataclasses.asdict(self.frames.statistics()),
             "mqtt": dataclasses.asdict(self.runtime.brokers.statistics()),
             "execution": self.runtime.engine.info(),
+            "relay": None if self.runtime.relay is None else self.runtime.relay.info(),
+            "traces": {"written": self.trace.written, "dropped": self.trace.dropped}
+            if self.trace.enabled
+            else None,
         }
 
     async def _ring(self, request: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:
@@ -266,6 +306,25 @@ class Peer:
                 return c.node_id
         msg = f"no peer named {target!r} is known here (see `agiledart ring`)"
         raise UnknownPeer(msg)
+
+
+def _link_model(path: Path | None, name: str) -> LinkModel | None:
+    """The emulated network from ``--links``; a file that does not name this peer is
+    refused (the peer would silently bypass it)."""
+    if path is None:
+        return None
+    from agiledart.bandit.errors import GraphError
+    from agiledart.runtime.linkmodel import LinkModel
+
+    try:
+        model = LinkModel.load(path)
+    except GraphError as exc:
+        msg = f"--links {path}: {exc}"
+        raise ConfigError(msg) from None
+    if not model.covers(name):
+        msg = f"--links {path}: the link model has no node named {name!r} (this peer)"
+        raise ConfigError(msg)
+    return model
 
 
 class UnknownPeer(AgiledartError):

@@ -157,7 +157,11 @@ def place(
         state.host[s.id] = state.anchor[s.id] = s.peer
     for node in topological_order(app):
         if node in on_chain and node not in state.host:
-            _place_operator(app.operator(node), sorted(on_chain[node]), state)
+            op = app.operator(node)
+            if op.peer is not None:  # pinned: downstream placement goes on from its input
+                state.assign(op.id, op.peer, state.anchor.get(op.inputs[0], op.peer))
+            else:
+                _place_operator(op, sorted(on_chain[node]), state)
     ops = {o.id: (state.host[o.id],) for o in app.operators}
     return Placement(
         operators=MappingProxyType(ops),

@@ -84,6 +84,8 @@ class OverlayNode:
         self.contacts: dict[int, Contact] = {}
         self.address: Address = ("0.0.0.0", 0)
         self.stats: Counter[str] = Counter()
+        #: forwarding steps of the routes this peer originated, by count (metrics)
+        self.route_hops: Counter[int] = Counter()
         self._graveyard: OrderedDict[int, tuple[Contact, float]] = OrderedDict()
         self._handlers: dict[str, Handler] = {}
         self._listeners: list[Listener] = []
@@ -619,4 +621,5 @@ class OverlayNode:
             fut.set_exception(RouteError(str(error)))
             return
         hops = tuple(Hop.from_wire(h) for h in path)
+        self.route_hops[max(0, len(hops) - 1)] += 1
         fut.set_result(RouteResult(ids.from_bytes(key), hops, result))

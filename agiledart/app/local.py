@@ -17,13 +17,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agiledart.app.errors import ExecutionError
 from agiledart.app.functions import Resolver, builtin_resolver
 from agiledart.app.graph import topological_order
 from agiledart.app.spec import AppSpec, SourceSpec
-from agiledart.datasets import ParseStats, generate_batches, generator_kwargs, read_file
 from agiledart.operators import BoundedOutOfOrderness, Operator, Record, build_operator
+
+if TYPE_CHECKING:  # datasets (numpy) only where sources are read: not in worker processes
+    from agiledart.datasets import ParseStats
 
 __all__ = ["Emission", "Executor", "LocalRunner", "run_local", "source_batches"]
 
@@ -109,6 +112,8 @@ def source_batches(
     stats: ParseStats | None = None,
 ) -> Iterator[list[Record]]:
     """The records of a finite generator or file source, in batches."""
+    from agiledart.datasets import generate_batches, generator_kwargs, read_file
+
     p = source.params
     if source.connector == "generator":
         if p.get("count") is None:
@@ -176,6 +181,8 @@ class LocalRunner:
         self._ran = True
         ex = self.executor
         live: list[tuple[str, Iterator[list[Record]], BoundedOutOfOrderness]] = []
+        from agiledart.datasets import ParseStats
+
         for s in self.app.sources:
             stats = self.parse_stats.setdefault(s.id, ParseStats())
             it = source_batches(s, batch_size=self.batch_size, base_dir=self.base_dir, stats=stats)

@@ -190,9 +190,10 @@ class NodeParser:
 
     def operator(self, i: int, raw: Any) -> OperatorSpec:
         path = f"operators[{i}]"
-        d = self.node(path, raw, "operator", ("id", "op", "fn", "params", "inputs"))
+        d = self.node(path, raw, "operator", ("id", "op", "fn", "params", "inputs", "peer"))
         if d is None:
             return OperatorSpec(id="", op="", inputs=())
+        pinned = None if d.get("peer") is None else self.peer(f"{path}.peer", d.get("peer"))
         op = d.get("op")
         if op not in OPERATOR_KINDS:
             if op is None:
@@ -220,6 +221,7 @@ class NodeParser:
             fn=fn if isinstance(fn, str) else None,
             params=freeze(params),
             inputs=inputs,
+            peer=pinned,
         )
 
     def op_params(self, path: str, op: str, fn: Any, given: Mapping[str, Any]) -> dict[str, Any]:

@@ -60,7 +60,7 @@ SINK_CONNECTORS = ("file", "mqtt", "stdout", "discard")
 DATASETS = ("urban", "taxi", "words", "counter")
 PLACEMENTS = ("join-routing", "random")
 DEFAULT_PLACEMENT = "join-routing"
-CHECKPOINT_MODES = ("auto", "restart", "erasure")
+CHECKPOINT_MODES = ("auto", "restart", "erasure", "replication")
 #: Sliding windows: at most this many windows hold one record (size_ms / slide_ms) ...
 MAX_WINDOWS_PER_RECORD = 1000
 #: ... and at most this many panes of gcd(size_ms, slide_ms) make one window.
@@ -114,6 +114,8 @@ class OperatorSpec:
     inputs: tuple[str, ...]
     fn: str | None = None
     params: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    #: pins the operator to this peer (optional; placement decides otherwise)
+    peer: str | None = None
 
     @property
     def stateful(self) -> bool:
@@ -125,6 +127,8 @@ class OperatorSpec:
             d["fn"] = self.fn
         d["params"] = thaw(self.params)
         d["inputs"] = list(self.inputs)
+        if self.peer is not None:
+            d["peer"] = self.peer
         return d
 
 
@@ -153,8 +157,9 @@ class CheckpointSpec:
     """Checkpoint settings (DESIGN §3.8): barrier interval, policy, fragments m + k.
 
     ``mode``: ``restart`` (no state saved; stateless or short-lived apps), ``erasure``
-    (snapshots split into ``m`` fragments, zfec-encoded to ``m + k``), or ``auto``
-    (erasure coding when the app has a stateful operator and no finite source).
+    (snapshots split into ``m`` fragments, zfec-encoded to ``m + k``), ``replication``
+    (``k + 1`` full copies), or ``auto`` (erasure coding when the app has a stateful
+    operator and a source that does not end).
     """
 
     interval_ms: int = 10_000

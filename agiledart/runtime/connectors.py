@@ -39,7 +39,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable, Generator, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol, TextIO
@@ -130,13 +130,15 @@ def open_source(
     base_dir: str | os.PathLike[str],
     overload: str = "block",
     brokers: BrokerPool | None = None,
+    skip: int = 0,
 ) -> SourceConnector:
-    """The source ``spec`` describes; an mqtt source subscribes through ``brokers``."""
+    """The source ``spec`` describes; an mqtt source subscribes through ``brokers``.
+    A replayable one (generator, file) starts after its first ``skip`` records."""
     if spec.connector == "mqtt" and brokers is not None:
         from agiledart.runtime.mqtt import MqttSource  # mqtt imports this module
 
         return MqttSource(spec, brokers=brokers)
-    return Source(spec, base_dir=base_dir, overload=overload)
+    return Source(spec, base_dir=base_dir, overload=overload, skip=skip)
 
 
 class Source:
@@ -154,6 +156,7 @@ class Source:
         late_ms: float = 100.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        skip: int = 0,
     ) -> None:
         if spec.connector == "mqtt":
             msg = f"source {spec.id!r}: {_MQTT}"
@@ -182,6 +185,7 @@ class Source:
         speedup = float(spec.params.get("speedup", 1.0))
         self.rate: float | None = None if rate is None else float(rate) * speedup
         self._started = False
+        self._skip = max(0, skip)  #: records already emitted before a restore
 
     def _batches(self) -> Iterator[list[Record]]:
         p = self.spec.params
@@ -220,6 +224,15 @@ class Source:
         schedule = ReplaySchedule(self._clock(), self.rate)
         position = 0  # index of pending[0] in the stream
         pending: list[Record] = []
+        skip = self._skip  # a restored source resumes after what it had emitted
+        while skip > 0:
+            nxt = next(batches, None)
+            if nxt is None:
+                break
+            if len(nxt) > skip:
+                pending = nxt[skip:]
+            skip -= min(skip, len(nxt))
+        st.emitted = self._skip - skip
         while True:
             if not pending:
                 nxt = next(batches, None)
@@ -341,7 +354,13 @@ def _cell(value: Any) -> str:
 class FileSink:
     """A ``file`` sink: JSONL or CSV (header: the first record's keys, sorted)."""
 
-    def __init__(self, spec: SinkSpec, *, out_dir: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        spec: SinkSpec,
+        *,
+        out_dir: str | os.PathLike[str],
+        resume: Mapping[str, Any] | None = None,
+    ) -> None:
         self.id = spec.id
         self.format: str = spec.params.get("format", "jsonl")
         if self.format not in ("jsonl", "csv"):
@@ -353,7 +372,25 @@ class FileSink:
         self._closed = False
         with self._errors("cannot write"):
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file: IO[bytes] = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+            if resume is None:
+                self._file: IO[bytes] = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+            else:  # a restored app: keep what the last committed epoch had, drop the rest
+                self._file = open(self.path, "r+b" if self.path.exists() else "w+b")  # noqa: SIM115
+                self._file.truncate(int(resume["size"]))
+                self._file.seek(0, os.SEEK_END)
+                self.stats.records = int(resume.get("records", 0))
+                if self.format == "csv" and self._file.tell():
+                    self._file.seek(0)
+                    head = self._file.readline().decode("utf-8").rstrip("\n")
+                    self._columns = next(csv.reader([head]))
+                    self._file.seek(0, os.SEEK_END)
+
+    def commit(self) -> dict[str, int]:
+        """What an epoch's end makes durable: everything written so far."""
+        with self._errors("cannot write"):
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            return {"size": self._file.tell(), "records": self.stats.records}
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
@@ -462,11 +499,13 @@ def open_sink(
     out_dir: str | os.PathLike[str],
     stdout: TextIO | None = None,
     brokers: BrokerPool | None = None,
+    resume: Mapping[str, Any] | None = None,
 ) -> Sink:
     """The sink ``spec`` describes; a relative file ``path`` is under ``out_dir``; an
-    mqtt sink publishes through ``brokers`` (its owner runs its publisher)."""
+    mqtt sink publishes through ``brokers`` (its owner runs its publisher). A file sink
+    given ``resume`` (a committed ``size`` and ``records``) keeps that much."""
     if spec.connector == "file":
-        return FileSink(spec, out_dir=out_dir)
+        return FileSink(spec, out_dir=out_dir, resume=resume)
     if spec.connector == "stdout":
         return StdoutSink(spec, stream=stdout)
     if spec.connector == "discard":

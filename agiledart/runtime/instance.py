@@ -44,10 +44,12 @@ import logging
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgpack
 
 from agiledart.app.errors import ExecutionError
 from agiledart.app.functions import Resolver
@@ -57,14 +59,19 @@ from agiledart.dataplane import CreditWindow, KeyPartitioner
 from agiledart.operators import BoundedOutOfOrderness
 from agiledart.operators.base import FINAL_WATERMARK, MIN_WATERMARK, Record
 from agiledart.overlay.errors import MalformedError, OverlayError
-from agiledart.overlay.tcp import ConnectionInfo
+from agiledart.runtime.checkpoints import CheckpointError, Holder, Uplink, load, save
 from agiledart.runtime.code import code_ids_in
 from agiledart.runtime.connectors import Sink, SourceConnector, open_sink, open_source
+from agiledart.runtime.epochs import Alignment, Channel
+from agiledart.runtime.errors import PeerLost
 from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.execution.engines import Engine, InlineEngine, Unit
 from agiledart.runtime.links import Address, Links
-from agiledart.runtime.metrics import InstanceMeter, quantile
+from agiledart.runtime.metrics import InstanceMeter, LatencyHistogram, quantile
 from agiledart.runtime.mqtt import BrokerPool, MqttSink
+
+if TYPE_CHECKING:
+    from agiledart.runtime.relay import Relay
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +105,10 @@ class Deployment:
     hosts: dict[str, tuple[str, ...]]  #: node id -> peer names hosting it
     addresses: dict[str, Address]  #: peer name -> address
     scheduler: Address
+    #: incremented by every recovery: frames and reports of an older one are dropped
+    generation: int = 0
+    #: the committed checkpoint to start from (epochs.py), None: from the beginning
+    restore: dict[str, Any] | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -106,6 +117,8 @@ class Deployment:
             "hosts": {k: list(v) for k, v in self.hosts.items()},
             "addresses": {k: list(v) for k, v in self.addresses.items()},
             "scheduler": list(self.scheduler),
+            "generation": self.generation,
+            "restore": self.restore,
         }
 
     @classmethod
@@ -123,6 +136,8 @@ class Deployment:
                 hosts=hosts,
                 addresses=addresses,
                 scheduler=_address(raw["scheduler"]),
+                generation=int(raw.get("generation", 0)),
+                restore=_restore_plan(raw.get("restore")),
             )
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             msg = f"malformed deployment: {type(exc).__name__}: {exc}"
@@ -180,8 +195,18 @@ class OutEdge:
         links: Links,
         options: InstanceOptions,
         spawn: Callable[[Awaitable[None]], Any],
+        relay: Relay | None = None,
+        generation: int = 0,
     ) -> None:
         self.app_id = app_id
+        self.generation = generation
+        self.relay = relay
+        #: a relayed edge fills its batches for a link slot: every packet costs attempts
+        self.linger_s = (
+            options.linger_s
+            if relay is None
+            else max(options.linger_s, relay.model.slot_ms / 1000.0)
+        )
         self.producer = producer
         self.dest = dest
         self.address = address
@@ -219,7 +244,12 @@ class OutEdge:
             await self.flush()
         elif self._timer is None:
             loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(self.options.linger_s, self._linger)
+            self._timer = loop.call_later(self.linger_s, self._linger)
+
+    async def flush_idle(self) -> None:
+        """The producer went idle: a partial batch leaves now (a relayed one lingers)."""
+        if self._pending and self.relay is None:
+            await self.flush()
 
     def _linger(self) -> None:
         self._timer = None
@@ -248,16 +278,39 @@ class OutEdge:
         if traces:
             batch["t"] = traces
         self._seq += 1
-        client = await self.links.client(self.address)
-        await client.send("data", {"a": self.app_id, "p": self.producer, "b": batch})
+        body = {"a": self.app_id, "p": self.producer, "b": batch, "g": self.generation}
+        if self.relay is not None:
+            await self.relay.submit(self.app_id, self.id, "data", body, self.dest, self.address)
+        else:
+            await self._send("data", body)
         self.stats.records += len(records)
         self.stats.batches += 1
 
     async def watermark(self, wm: int, wall: float) -> None:
         await self.flush()
         async with self._lock:
+            body = {"a": self.app_id, "p": self.producer, "w": wm, "c": wall}
+            body["g"] = self.generation
+            if self.relay is not None:
+                await self.relay.submit(self.app_id, self.id, "wm", body, self.dest, self.address)
+                return
+            await self._send("wm", body)
+
+    async def barrier(self, epoch: int) -> None:
+        await self.flush()
+        async with self._lock:
+            body = {"a": self.app_id, "p": self.producer, "e": epoch, "g": self.generation}
+            if self.relay is not None:
+                await self.relay.submit(self.app_id, self.id, "bar", body, self.dest, self.address)
+                return
+            await self._send("bar", body)
+
+    async def _send(self, type: str, body: dict[str, Any]) -> None:
+        try:
             client = await self.links.client(self.address)
-            await client.send("wm", {"a": self.app_id, "p": self.producer, "w": wm, "c": wall})
+            await client.send(type, body)
+        except OverlayError as exc:
+            raise PeerLost(self.dest, str(exc)) from None
 
 
 @dataclass
@@ -279,22 +332,39 @@ class _Item:
     popped: bool = False
     queued_at: float = 0.0  #: time.monotonic() when it entered the inbox
     offset: int = 0  #: records already run (a turn takes at most ``turn`` of them)
+    barrier: int | None = None  #: a checkpoint barrier (records None, no watermark)
+
+
+class Tracer(Protocol):
+    def emit(self, type: str, **fields: Any) -> None: ...
+
+
+class ReplyChannel(Protocol):
+    """Where a batch's credit goes back: the connection it came on, or, for a batch
+    relayed over the emulated network, a direct line to its origin."""
+
+    @property
+    def peer_name(self) -> str: ...
+
+    async def send(self, type: str, body: Mapping[str, Any] | None = None) -> None: ...
 
 
 @dataclass
 class _Ack:
     """Send one credit back when every segment given the batch has processed it."""
 
-    conn: ConnectionInfo
+    conn: ReplyChannel
     app_id: str
     edge: str
     waiting: int
+    generation: int = 0
 
     async def done(self) -> None:
         self.waiting -= 1
         if self.waiting == 0:
+            body = {"a": self.app_id, "e": self.edge, "n": 1, "g": self.generation}
             with contextlib.suppress(OverlayError):
-                await self.conn.send("credit", {"a": self.app_id, "e": self.edge, "n": 1})
+                await self.conn.send("credit", body)
 
 
 @dataclass
@@ -308,6 +378,11 @@ class SinkState:
     latencies: collections.deque[float] = field(
         default_factory=lambda: collections.deque(maxlen=4096)
     )
+    histogram: LatencyHistogram = field(default_factory=LatencyHistogram)  #: every sample
+    align: Alignment = field(default_factory=lambda: Alignment(()))
+    #: what came on channels waiting for the others' barrier: ("d", channel, records,
+    #: traces) or ("w", channel, producer, watermark)
+    held: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 class Segment:
@@ -330,6 +405,8 @@ class Segment:
         #: (producer, sender) -> its latest inbox item
         self.last: dict[tuple[str, str], _Item] = {}
         self.meter = InstanceMeter(time.monotonic())
+        self.align = Alignment(())  #: checkpoint barriers of its input channels
+        self.held: list[_Item] = []  #: items of channels waiting for the others' barrier
 
     def oldest_s(self, now: float) -> float | None:
         return now - self.inbox[0].queued_at if self.inbox else None
@@ -349,11 +426,23 @@ class AppInstance:
         state_dir: Path,
         options: InstanceOptions | None = None,
         on_sink_done: Callable[[str, dict[str, Any]], Awaitable[None]],
-        on_failed: Callable[[str], Awaitable[None]],
+        on_failed: Callable[[str, str | None], Awaitable[None]],
         brokers: BrokerPool | None = None,
         engine: Engine | None = None,
+        relay: Relay | None = None,
+        trace: Tracer | None = None,
+        on_checkpoint: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+        holders: Callable[[int], list[Holder]] | None = None,
+        uplink: Uplink | None = None,
     ) -> None:
         self.deployment = d = deployment
+        self.restore = d.restore or {}
+        self.on_checkpoint = on_checkpoint
+        self.holders = holders
+        self.uplink = uplink
+        self.generation = d.generation
+        self.relay = relay
+        self.trace = trace
         self.app_id = d.app_id
         self.spec = spec = d.spec
         self.me = me
@@ -370,6 +459,7 @@ class AppInstance:
         self.started_at_wall: float | None = None
         self._failed = asyncio.Event()
         self.failure: str | None = None
+        self.lost_peer: str | None = None  #: the peer whose loss failed this instance
 
         here = {n for n, peers in d.hosts.items() if me in peers}
         self.local_ops = [o.id for o in spec.operators if o.id in here]
@@ -382,6 +472,13 @@ class AppInstance:
         alone = self.parallel if self.engine.chains else set(self.local_ops)
         for uid, ops in enumerate(_segments(spec, set(self.local_ops), alone=alone)):
             seg = Segment(ops, Executor(spec, resolve, operators=ops))
+            seg.align = Alignment(
+                (p, h)
+                for op in ops
+                for p in spec.operator(op).inputs
+                if p not in ops
+                for h in d.hosts.get(p, ())
+            )
             seg.unit = self.engine.unit(
                 app_id=self.app_id, uid=uid, executor=seg.executor, queue=seg
             )
@@ -397,10 +494,12 @@ class AppInstance:
                 base_dir=state_dir,
                 overload=s.params.get("overload", self.options.overload),
                 brokers=brokers,
+                skip=int(self.restore.get("sources", {}).get(s.id, 0)),
             )
             for s in spec.sources
             if s.id in here
         }
+        self._source_locks = {sid: asyncio.Lock() for sid in self.sources}
         #: producer id -> local consumers (segments, sinks)
         self.consumers: dict[str, tuple[list[Segment], list[str]]] = {}
         for ospec in spec.operators:
@@ -465,8 +564,12 @@ class AppInstance:
                     segs.append(self.segment_of[ospec.id])
         try:
             for k in local_sinks:
-                sink = open_sink(k, out_dir=out_dir, brokers=brokers)
+                resume = self.restore.get("sinks", {}).get(k.id) if self.restore else None
+                sink = open_sink(k, out_dir=out_dir, brokers=brokers, resume=resume)
                 self.sinks[k.id] = SinkState(sink, dict.fromkeys(k.inputs, MIN_WATERMARK))
+                self.sinks[k.id].align = Alignment(
+                    (p, h) for p in k.inputs for h in d.hosts.get(p, ())
+                )
         except BaseException:
             self._close_sinks()
             raise
@@ -481,6 +584,8 @@ class AppInstance:
             links=self.links,
             options=self.options,
             spawn=self._spawn,
+            relay=self.relay if self.relay is not None and self.relay.carries(peer) else None,
+            generation=self.generation,
         )
         self.edge_by_id[f"{edge.id}>{peer}"] = edge
         return edge
@@ -533,6 +638,8 @@ class AppInstance:
         try:
             code = code_ids_in(o.fn for o in self.spec.operators if o.id in self.segment_of)
             units = [seg.unit for seg in self.segments if seg.unit is not None]
+            if self.restore:
+                await self._restore_states()
             await self.engine.open_app(self.app_id, self.spec, units, code)
             self._ready.set()
             async with asyncio.TaskGroup() as group:
@@ -546,9 +653,12 @@ class AppInstance:
                         group.create_task(state.sink.run())
                 group.create_task(self._until_failed())  # sinks stay open until stopped
         except* Exception as eg:
-            exc = eg.exceptions[0]
+            leaves = _leaves(eg)
+            exc = next((e for e in leaves if isinstance(e, PeerLost)), leaves[0])
             if self.failure is None:
                 self.failure = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, PeerLost):
+                    self.lost_peer = exc.peer
             log.error("app %s failed on %s: %s", self.app_id, self.me, self.failure)
         finally:
             self._group = None
@@ -560,7 +670,7 @@ class AppInstance:
             except Exception:  # the app is over either way; the peer must live on
                 log.exception("app %s: releasing its workers failed", self.app_id)
         if self.failure is not None:
-            await self.on_failed(self.failure)
+            await self.on_failed(self.failure, self.lost_peer)
 
     async def _until_failed(self) -> None:
         await self._failed.wait()
@@ -582,12 +692,17 @@ class AppInstance:
         sent_wm = [MIN_WATERMARK]
         loop = asyncio.get_running_loop()
 
+        lock = self._source_locks[sid]
+
         async def emit(records: list[Record]) -> None:
+            async with lock:  # a barrier goes between two batches, never inside one
+                await emit_now(records)
+
+        async def emit_now(records: list[Record]) -> None:
             traces = self._sample(len(records))
             await self._deliver(sid, records, traces)
             for edge in self.edges.get(sid, ()):  # a source's batch leaves whole
-                if edge.pending:
-                    await edge.flush()
+                await edge.flush_idle()
             if loop.time() - last_wm[0] < interval:
                 # between watermarks only the last record's ts counts: the watermark can
                 # only come out lower (later), which never makes a record late
@@ -602,9 +717,139 @@ class AppInstance:
                 await self._deliver_wm(sid, wmgen.watermark, now_ms())
 
         await source.run(emit)
-        await self._deliver_wm(sid, wmgen.finish(), now_ms())
-        for edge in self.edges.get(sid, ()):
-            await edge.flush()
+        async with lock:
+            await self._deliver_wm(sid, wmgen.finish(), now_ms())
+            for edge in self.edges.get(sid, ()):
+                await edge.flush()
+
+    # -- checkpoints (agiledart.runtime.epochs) ---------------------------------------
+
+    async def inject_barrier(self, epoch: int) -> None:
+        """Barrier ``epoch`` into every local source's output, between two batches, and
+        each source's offset to the scheduler (or that it has finished)."""
+        for sid, source in self.sources.items():
+            async with self._source_locks[sid]:
+                finished = source.stats.finished
+                if not finished:
+                    await self._deliver_barrier(sid, epoch)
+                offset = source.stats.emitted
+            report = {"kind": "source", "id": sid, "offset": offset, "finished": finished}
+            await self._report(epoch, report)
+
+    async def _report(self, epoch: int, report: dict[str, Any]) -> None:
+        if self.on_checkpoint is not None:
+            await self.on_checkpoint({**report, "epoch": epoch, "peer": self.me})
+
+    async def _deliver_barrier(self, producer: str, epoch: int) -> None:
+        segs, sinks = self.consumers.get(producer, ((), ()))
+        for sink in sinks:
+            await self._sink_barrier(sink, (producer, self.me), epoch)
+        for seg in segs:
+            await self._put_local(seg, _Item(producer, None, [], barrier=epoch))
+        for edge in self.edges.get(producer, ()):
+            await edge.barrier(epoch)
+        for _, targets in self.groups.get(producer, ()):
+            for target in targets:
+                if isinstance(target, Segment):
+                    await self._put_local(target, _Item(producer, None, [], barrier=epoch))
+
+    async def accept_barrier(self, producer: str, epoch: int, sender: str) -> None:
+        segs, sinks = self._inputs_of(producer)
+        for sink in sinks:
+            await self._sink_barrier(sink, (producer, sender), epoch)
+        for seg in segs:
+            _append(seg, _Item(producer, None, [], barrier=epoch, sender=sender))
+
+    async def _aligned(self, seg: Segment, epoch: int) -> None:
+        """Every open input of ``seg`` passed barrier ``epoch``: snapshot, forward the
+        barrier, store the snapshot in the background, let the held input in."""
+        assert seg.unit is not None
+        if seg.unit.stateful and self.on_checkpoint is not None:
+            states = await self.engine.snapshot(seg.unit)
+            stateful = sorted(o for o in seg.ops if self.spec.operator(o).stateful)
+            blob = msgpack.packb({o: states[o] for o in stateful})
+            self._spawn(self._save(seg, stateful, epoch, blob))
+        for op in seg.ops:
+            if self._leaves_segment(op, seg):
+                await self._deliver_barrier(op, epoch)
+        if seg.held:
+            seg.inbox.extendleft(reversed(seg.held))
+            seg.held.clear()
+            seg.wake.set()
+
+    def _leaves_segment(self, op: str, seg: Segment) -> bool:
+        return any(n not in seg.ops for n, inputs in _fed(self.spec) if op in inputs) or any(
+            op in k.inputs for k in self.spec.sinks
+        )
+
+    async def _save(self, seg: Segment, ops: list[str], epoch: int, blob: bytes) -> None:
+        cp = self.spec.checkpoint
+        m, k = (1, cp.k) if cp.mode == "replication" else (cp.m, cp.k)
+        instance = f"{'+'.join(seg.ops)}@{self.me}"
+        holders = self.holders(m + k) if self.holders is not None else []
+        try:
+            receipt = await save(
+                self.links,
+                holders,
+                blob,
+                app=self.app_id,
+                instance=instance,
+                epoch=epoch,
+                m=m,
+                k=k,
+                uplink=self.uplink,
+            )
+        except CheckpointError as exc:
+            log.warning(
+                "app %s: checkpoint %d of %s not stored: %s", self.app_id, epoch, instance, exc
+            )
+            return
+        await self._report(
+            epoch,
+            {
+                "kind": "state",
+                "ops": ops,
+                "instance": instance,
+                "holders": [[h.name, list(h.address)] for h in holders],
+                "m": m,
+                "k": k,
+                "bytes": receipt.bytes,
+                "seconds": round(receipt.seconds, 4),
+            },
+        )
+
+    async def _restore_states(self) -> None:
+        """Before anything runs: every stateful operator here gets its state of the
+        committed epoch, fetched from m holders in parallel and decoded."""
+        plan = self.restore
+        wanted = [
+            entry
+            for entry in plan.get("states", ())
+            if entry["peer"] == self.me and any(o in self.segment_of for o in entry["ops"])
+        ]
+
+        async def fetch(entry: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+            holders = [Holder(str(n), (str(a[0]), int(a[1]))) for n, a in entry["holders"]]
+            blob = await load(
+                self.links,
+                holders,
+                app=self.app_id,
+                instance=entry["instance"],
+                epoch=int(plan["epoch"]),
+                m=int(entry["m"]),
+            )
+            return entry, blob
+
+        try:
+            got = await asyncio.gather(*(fetch(e) for e in wanted))
+        except CheckpointError as exc:
+            raise ExecutionError(str(exc)) from None
+        for _, blob in got:
+            states = msgpack.unpackb(blob)
+            for op, data in states.items():
+                seg = self.segment_of.get(op)
+                if seg is not None:
+                    seg.executor.operators[op].restore(data)
 
     def _sample(self, n: int) -> list[TraceTag]:
         expected = n * self.options.trace_rate
@@ -618,7 +863,7 @@ class AppInstance:
         """A local node's output: to local sinks, consuming segments, remote peers."""
         segs, sinks = self.consumers.get(producer, ((), ()))
         for sink in sinks:
-            self._write_sink(sink, records, traces)
+            self._write_sink(sink, records, traces, (producer, self.me))
         for seg in segs:
             await self._put_local(seg, _Item(producer, records, traces))
         for edge in self.edges.get(producer, ()):
@@ -666,7 +911,7 @@ class AppInstance:
         """A batch or watermark of a node of this peer; waits while the segment holds
         ``source_queue`` such items."""
         item.local, item.sender = True, self.me
-        if item.records is None and _merge_wm(seg, item):
+        if item.records is None and item.barrier is None and _merge_wm(seg, item):
             return
         if item.records is not None and self._merge_batch(seg, item):
             return
@@ -700,19 +945,19 @@ class AppInstance:
 
     # -- remote input -----------------------------------------------------------------
 
-    def accept_data(self, producer: str, batch: dict[str, Any], conn: ConnectionInfo) -> None:
+    def accept_data(self, producer: str, batch: dict[str, Any], conn: ReplyChannel) -> None:
         """A batch from another peer: into the consuming segments' inboxes, now."""
         records, traces = _records_and_traces(batch)
         segs, sinks = self._inputs_of(producer)
         if segs or sinks:
             self.received[producer] += len(records)
         for sink in sinks:
-            self._write_sink(sink, records, traces)
+            self._write_sink(sink, records, traces, (producer, conn.peer_name))
         edge = str(batch["e"])
         if not segs:
-            self._spawn(_Ack(conn, self.app_id, edge, 1).done())
+            self._spawn(_Ack(conn, self.app_id, edge, 1, self.generation).done())
             return
-        ack = _Ack(conn, self.app_id, edge, len(segs))
+        ack = _Ack(conn, self.app_id, edge, len(segs), self.generation)
         for seg in segs:
             if len(seg.inbox) > 4 * self.options.credits * max(1, len(self.consumers)) + 64:
                 msg = f"app {self.app_id}: {conn.peer_name} sent beyond its credit"
@@ -757,9 +1002,20 @@ class AppInstance:
                 seg.wake.clear()
                 await seg.wake.wait()
             item = seg.inbox[0]
+            channel = (item.producer, item.sender)
+            if seg.align.blocked(channel) and not item.offset:  # after its barrier: wait
+                seg.inbox.popleft()
+                seg.held.append(item)
+                continue
             turn = unit.turn
             done = True
-            if item.records is not None:
+            if item.barrier is not None:
+                self._pop(seg)
+                seg.pending -= 1
+                epoch = seg.align.barrier(channel, item.barrier)
+                if epoch is not None:
+                    await self._aligned(seg, epoch)
+            elif item.records is not None:
                 first, n = item.offset, len(item.records)
                 take = n - first if turn is None else min(turn, n - first)
                 chunk = item.records if take == n else item.records[first : first + take]
@@ -794,8 +1050,7 @@ class AppInstance:
                 seg.meter.drained(time.monotonic())
                 for op in seg.ops:
                     for edge in self.edges.get(op, ()):
-                        if edge.pending:
-                            await edge.flush()
+                        await edge.flush_idle()
             await asyncio.sleep(0)  # a full inbox must not starve the peer's other tasks
 
     def _pop(self, seg: Segment) -> None:
@@ -811,6 +1066,10 @@ class AppInstance:
         merged = self._merged_wm(tracker, item.producer, item.sender, wm)
         emitted = await seg.unit.watermark(item.producer, merged)
         await self._forward(emitted, [(0, wall)], wall=wall)
+        if wm >= FINAL_WATERMARK:  # the channel ended: alignment stops waiting for it
+            epoch = seg.align.finish((item.producer, item.sender))
+            if epoch is not None:
+                await self._aligned(seg, epoch)
 
     async def _forward(
         self, emitted: list[Emission], traces: list[TraceTag], *, wall: float | None = None
@@ -823,8 +1082,13 @@ class AppInstance:
 
     # -- sinks ------------------------------------------------------------------------
 
-    def _write_sink(self, sink_id: str, records: list[Record], traces: list[TraceTag]) -> None:
+    def _write_sink(
+        self, sink_id: str, records: list[Record], traces: list[TraceTag], channel: Channel
+    ) -> None:
         state = self.sinks[sink_id]
+        if state.align.blocked(channel):  # after its barrier: waits for the others'
+            state.held.append(("d", channel, records, traces))
+            return
         try:
             state.sink.write(records)
         except ExecutionError as exc:
@@ -835,10 +1099,54 @@ class AppInstance:
             state.first_at = state.last_at
         if traces:
             now = now_ms()
-            state.latencies.extend(now - ts for _, ts in traces)
+            fresh = [now - ts for _, ts in traces]
+            state.latencies.extend(fresh)
+            state.histogram.observe(fresh)
+            if self.trace is not None:
+                for (tid, ts), latency in zip(traces, fresh, strict=True):
+                    self.trace.emit(
+                        "tuple",
+                        app=self.app_id,
+                        sink=sink_id,
+                        trace_id=tid,
+                        source_ts=ts,
+                        sink_ts=now,
+                        latency_ms=round(latency, 3),
+                    )
+
+    async def _sink_barrier(self, sink_id: str, channel: Channel, epoch: int) -> None:
+        state = self.sinks[sink_id]
+        aligned = state.align.barrier(channel, epoch)
+        if aligned is not None:
+            await self._sink_aligned(sink_id, aligned)
+
+    async def _sink_aligned(self, sink_id: str, epoch: int) -> None:
+        """What came before barrier ``epoch`` on every channel is written: commit it."""
+        state = self.sinks[sink_id]
+        commit = getattr(state.sink, "commit", None)
+        try:
+            committed = commit() if commit is not None else None
+        except ExecutionError as exc:
+            self.fail(str(exc))
+            return
+        await self._report(epoch, {"kind": "sink", "id": sink_id, "commit": committed})
+        held, state.held = state.held, []
+        for entry in held:
+            if entry[0] == "d":
+                self._write_sink(sink_id, entry[2], entry[3], entry[1])
+            else:
+                await self._sink_wm(sink_id, entry[2], entry[3], entry[1][1])
 
     async def _sink_wm(self, sink_id: str, producer: str, wm: int, sender: str = "") -> None:
         state = self.sinks[sink_id]
+        channel = (producer, sender)
+        if state.align.blocked(channel):
+            state.held.append(("w", channel, producer, wm))
+            return
+        if wm >= FINAL_WATERMARK:
+            epoch = state.align.finish(channel)
+            if epoch is not None:
+                await self._sink_aligned(sink_id, epoch)
         wm = self._merged_wm(state.senders.setdefault(producer, {}), producer, sender, wm)
         if producer in state.inputs and wm > state.inputs[producer]:
             state.inputs[producer] = wm
@@ -907,6 +1215,29 @@ class AppInstance:
         }
 
 
+def _restore_plan(raw: Any) -> dict[str, Any] | None:
+    """A deployment's ``restore`` (written by the scheduler), checked for shape."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or type(raw.get("epoch")) is not int:
+        msg = "restore needs an integer 'epoch'"
+        raise ValueError(msg)
+    for entry in raw.get("states", ()):
+        if not isinstance(entry, dict) or not {"peer", "ops", "instance", "holders", "m"} <= set(
+            entry
+        ):
+            msg = f"malformed restore entry {entry!r}"
+            raise ValueError(msg)
+    return raw
+
+
+def _leaves(eg: BaseExceptionGroup[Exception]) -> list[Exception]:
+    out: list[Exception] = []
+    for e in eg.exceptions:
+        out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
+    return out
+
+
 def _op_stats(op: Any) -> dict[str, Any]:
     return {k: v for k, v in op.stats.as_dict().items() if isinstance(v, int | float)}
 
@@ -924,7 +1255,7 @@ def _append(seg: Segment, item: _Item) -> None:
 def _merge_wm(seg: Segment, item: _Item) -> bool:
     """Fold watermark ``item`` into the queued item of its producer and sender, if any."""
     last = seg.last.get((item.producer, item.sender))
-    if last is None or last.popped:
+    if last is None or last.popped or last.barrier is not None:
         return False
     if last.records is None:
         if item.wm > last.wm:

@@ -19,9 +19,11 @@ the load within seconds and memory is constant. Pure bookkeeping: the caller pas
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["InstanceMeter", "MeterReading", "quantile"]
+__all__ = ["Buckets", "InstanceMeter", "LatencyHistogram", "MeterReading", "quantile"]
 
 
 def quantile(sorted_xs: list[float], q: float) -> float | None:
@@ -132,3 +134,43 @@ class InstanceMeter:
             utilization=min(1.0, nonempty / span),
             busy=min(1.0, busy / span),
         )
+
+
+class Buckets:
+    """Per-bucket (not cumulative) counts of observations under fixed upper bounds,
+    and their sum; the last count is for values above every bound."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+
+class LatencyHistogram:
+    """Cumulative counts of end-to-end latencies (ms) under fixed bounds: what the metrics
+    endpoint exports as a Prometheus histogram. Every sample is counted once, in constant
+    memory (the recent-samples window of ``status`` forgets; this does not)."""
+
+    #: upper bounds, ms (a Prometheus bucket holds the samples <= its bound)
+    BOUNDS_MS = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
+
+    __slots__ = ("counts", "sum_ms")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(self.BOUNDS_MS) + 1)  #: the last one: above every bound
+        self.sum_ms = 0.0
+
+    def observe(self, samples_ms: Iterable[float]) -> None:
+        for ms in samples_ms:
+            self.counts[bisect.bisect_left(self.BOUNDS_MS, ms)] += 1
+            self.sum_ms += ms
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)

@@ -31,13 +31,13 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agiledart.app.errors import Problem, SpecError
 from agiledart.app.functions import bind
-from agiledart.app.graph import chains
+from agiledart.app.graph import chains, topological_order
 from agiledart.app.parse import Overrides, parse_spec
 from agiledart.app.spec import AppSpec
 from agiledart.errors import AgiledartError
@@ -98,6 +98,10 @@ _RECORD_TYPES: dict[str, type | tuple[type, ...]] = {
     "error": (str, type(None)),
     "final": (dict, type(None)),
     "finished_at": (int, float, type(None)),
+    "generation": int,
+    "recoveries": list,
+    "checkpoint": (dict, type(None)),
+    "checkpoints": int,
 }
 
 
@@ -120,6 +124,10 @@ class AppRecord:
     error: str | None = None
     final: dict[str, Any] | None = None
     finished_at: float | None = None
+    generation: int = 0  #: incremented by every recovery
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint: dict[str, Any] | None = None  #: the last committed epoch (see epochs.py)
+    checkpoints: int = 0  #: epochs committed
 
     def to_wire(self) -> dict[str, Any]:
         d = dict(vars(self))
@@ -155,6 +163,10 @@ class AppRecord:
         return peers | set(self.sources.values()) | set(self.sinks.values())
 
 
+class Tracer(Protocol):
+    def emit(self, type: str, **fields: Any) -> None: ...
+
+
 class Scheduler:
     def __init__(
         self,
@@ -166,8 +178,10 @@ class Scheduler:
         code: CodeStore,
         directory: PeerDirectory,
         stats_of: Callable[[str], Awaitable[dict[str, Any] | None]],
+        trace: Tracer | None = None,
     ) -> None:
         self.name = name
+        self.trace = trace
         self.address = address
         self.records = records
         self.links = links
@@ -177,6 +191,12 @@ class Scheduler:
         self.apps: dict[str, AppRecord] = {}  #: apps this peer schedules
         self._sinks_done: dict[str, dict[str, dict[str, Any]]] = {}
         self._lock = asyncio.Lock()
+        self._recovering: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Future[None]] = set()
+        #: per app: the epoch being cut (epoch, started, reports) and the next one
+        self._pending: dict[str, _Epoch] = {}
+        self._next_epoch: dict[str, int] = {}
+        self._cp_loops: dict[str, asyncio.Future[None]] = {}
 
     # -- submit -----------------------------------------------------------------------
 
@@ -185,7 +205,11 @@ class Scheduler:
     ) -> tuple[AppSpec, dict[str, tuple[int, Address]]]:
         """The validated spec and where its pinned peers are; SpecError otherwise."""
         spec = parse_spec(source, overrides=overrides)
-        pinned = sorted({s.peer for s in spec.sources} | {k.peer for k in spec.sinks})
+        pinned = sorted(
+            {s.peer for s in spec.sources}
+            | {k.peer for k in spec.sinks}
+            | {o.peer for o in spec.operators if o.peer is not None}
+        )
         found = await asyncio.gather(*(self.directory.resolve(p) for p in pinned))
         where = {p: f for p, f in zip(pinned, found, strict=True) if f is not None}
         if len(where) < len(pinned):
@@ -236,6 +260,7 @@ class Scheduler:
         self._sinks_done[app_id] = {}
         await self._save(rec)
         await self.records.add(APPS_INDEX, app_id)
+        await self.records.add(record_key("scheduling", self.name), app_id)
         try:
             await self._deploy(rec, spec, where)
         except AgiledartError as exc:
@@ -257,7 +282,28 @@ class Scheduler:
         placement = _place_somewhere(spec, paths, infos)
         rec.placement = {op: list(ps) for op, ps in placement.operators.items()}
         rec.paths = [list(p) for p in placement.paths.values()]
-        hosts = _hosts(placement)
+        if self.trace is not None:
+            self.trace.emit(
+                "placement",
+                app=rec.app_id,
+                name=spec.name,
+                strategy="join-routing",
+                placement=rec.placement,
+                paths=rec.paths,
+            )
+        await self._install(rec, spec, _hosts(placement), addresses, placement.deploy_order)
+
+    async def _install(
+        self,
+        rec: AppRecord,
+        spec: AppSpec,
+        hosts: dict[str, tuple[str, ...]],
+        addresses: Mapping[str, Address],
+        order: Sequence[str],
+        *,
+        restore: dict[str, Any] | None = None,
+    ) -> None:
+        """Deploy ``hosts`` (consumers first, as ``order`` says), then start them all."""
         missing = sorted({p for ps in hosts.values() for p in ps} - set(addresses))
         if missing:
             msg = f"no address known for peers {missing}"
@@ -269,17 +315,21 @@ class Scheduler:
             hosts=hosts,
             addresses={p: addresses[p] for p in rec.addresses},
             scheduler=self.address(),
+            generation=rec.generation,
+            restore=restore,
         )
         wire = deployment.to_wire()
-        order = list(placement.deploy_order)
-        order += sorted(set(rec.addresses) - set(order))
-        for peer in order:  # along the reversed paths: consumers are ready first
+        peers = [p for p in order if p in rec.addresses]
+        peers += sorted(set(rec.addresses) - set(peers))
+        for peer in peers:  # along the reversed paths: consumers are ready first
             await self._call(addresses[peer], "deploy", wire, timeout=30.0)
         await asyncio.gather(
-            *(self._call(addresses[p], "start", {"app_id": rec.app_id}) for p in order)
+            *(self._call(addresses[p], "start", {"app_id": rec.app_id}) for p in peers)
         )
         rec.state = "running"
         await self._save(rec)
+        if _checkpointing(spec) is not None and rec.app_id not in self._cp_loops:
+            self._cp_loops[rec.app_id] = asyncio.ensure_future(self._checkpoint_loop(rec.app_id))
 
     async def _join_paths(
         self,
@@ -366,9 +416,11 @@ class Scheduler:
 
     # -- following --------------------------------------------------------------------
 
-    async def sink_done(self, app_id: str, sink: str, info: dict[str, Any]) -> None:
+    async def sink_done(
+        self, app_id: str, sink: str, info: dict[str, Any], *, generation: int = 0
+    ) -> None:
         rec = self.apps.get(app_id)
-        if rec is None or rec.state not in LIVE_STATES:
+        if rec is None or rec.state not in LIVE_STATES or generation != rec.generation:
             return
         done = self._sinks_done.setdefault(app_id, {})
         done[sink] = info
@@ -380,14 +432,308 @@ class Scheduler:
             await self._undeploy(rec)
             log.info("app %s finished", app_id)
 
-    async def failed(self, app_id: str, peer: str, error: str) -> None:
+    async def failed(
+        self,
+        app_id: str,
+        peer: str,
+        error: str,
+        *,
+        lost: str | None = None,
+        generation: int = 0,
+    ) -> None:
         rec = self.apps.get(app_id)
-        if rec is None or rec.state not in LIVE_STATES:
+        if rec is None or rec.state not in LIVE_STATES or generation != rec.generation:
+            return
+        if lost is not None and lost in rec.hosts() and not await self._answers(rec, lost):
+            # the instance could not reach a peer that is gone: recover, do not fail
+            self._spawn(self.recover(app_id, lost))
+            return
+        await self._fail(rec, f"on {peer}: {error}")
+
+    async def _fail(self, rec: AppRecord, error: str) -> None:
+        if rec.state not in LIVE_STATES:
             return
         rec.final = await self.gather(rec)
-        rec.state, rec.error = "failed", f"on {peer}: {error}"
+        rec.state, rec.error = "failed", error
         await self._save(rec)
         await self._undeploy(rec)
+
+    # -- checkpoints (agiledart.runtime.epochs) ------------------------------------------
+
+    async def _checkpoint_loop(self, app_id: str) -> None:
+        """Cut an epoch every ``interval_ms`` while the app lives: barriers into its
+        sources; the next one only once the last committed (or timed out)."""
+        try:
+            while True:
+                rec = self.apps.get(app_id)
+                if rec is None or rec.state not in LIVE_STATES:
+                    return
+                spec = parse_spec(rec.spec)
+                interval = spec.checkpoint.interval_ms / 1000.0
+                await asyncio.sleep(interval)
+                if rec.state not in LIVE_STATES or self.apps.get(app_id) is not rec:
+                    return
+                pending = self._pending.get(app_id)
+                now = time.monotonic()
+                if pending is not None and now - pending.started < max(10.0, 3 * interval):
+                    continue
+                first = 1 + (rec.checkpoint or {}).get("epoch", 0)
+                epoch = max(self._next_epoch.get(app_id, first), first)
+                self._next_epoch[app_id] = epoch + 1
+                self._pending[app_id] = _Epoch(epoch, now, rec.generation)
+                body = {"app_id": app_id, "epoch": epoch, "generation": rec.generation}
+                peers = sorted(set(rec.sources.values()))
+                await asyncio.gather(
+                    *(self._quiet(_addr(rec, p), "app_barrier", body) for p in peers)
+                )
+        finally:
+            self._cp_loops.pop(app_id, None)
+
+    async def checkpoint_report(
+        self, app_id: str, report: dict[str, Any], *, generation: int = 0
+    ) -> None:
+        """A source, a stateful instance or a sink reached the end of an epoch."""
+        rec = self.apps.get(app_id)
+        pending = self._pending.get(app_id)
+        if (
+            rec is None
+            or rec.state not in LIVE_STATES
+            or pending is None
+            or generation != rec.generation
+            or pending.generation != rec.generation
+            or report.get("epoch") != pending.epoch
+        ):
+            return
+        kind = report.get("kind")
+        if kind == "state":
+            pending.states[str(report.get("instance"))] = report
+        elif kind == "source":
+            pending.sources[str(report.get("id"))] = report
+        elif kind == "sink":
+            pending.sinks[str(report.get("id"))] = report
+        if self._complete(rec, pending):
+            await self._commit(rec, pending)
+
+    def _complete(self, rec: AppRecord, pending: _Epoch) -> bool:
+        spec = parse_spec(rec.spec)
+        if set(pending.sources) < set(rec.sources):
+            return False
+        done = set(self._sinks_done.get(rec.app_id, {}))
+        if not set(rec.sinks) - done <= set(pending.sinks):
+            return False
+        covered = {(op, r.get("peer")) for r in pending.states.values() for op in r["ops"]}
+        needed = {
+            (o.id, peer) for o in spec.operators if o.stateful for peer in rec.placement[o.id]
+        }
+        return needed <= covered
+
+    async def _commit(self, rec: AppRecord, pending: _Epoch) -> None:
+        del self._pending[rec.app_id]
+        states = [
+            {k: r[k] for k in ("peer", "ops", "instance", "holders", "m", "k", "bytes")}
+            for r in pending.states.values()
+        ]
+        old = rec.checkpoint
+        rec.checkpoint = {
+            "epoch": pending.epoch,
+            "sources": {sid: int(r.get("offset", 0)) for sid, r in pending.sources.items()},
+            "sinks": {sid: r.get("commit") for sid, r in pending.sinks.items()},
+            "states": states,
+            "bytes": sum(int(r["bytes"]) for r in states),
+            "store_s": max(
+                (float(r.get("seconds", 0.0)) for r in pending.states.values()), default=0.0
+            ),
+            "cut_s": round(time.monotonic() - pending.started, 3),
+            "at": time.time(),
+        }
+        rec.checkpoints += 1
+        await self._save(rec)
+        if self.trace is not None:
+            m = states[0]["m"] if states else 0
+            k = states[0]["k"] if states else 0
+            self.trace.emit(
+                "checkpoint",
+                app=rec.app_id,
+                epoch=pending.epoch,
+                bytes=rec.checkpoint["bytes"],
+                duration_ms=rec.checkpoint["cut_s"] * 1000.0,
+                m=m,
+                k=k,
+                committed=True,
+            )
+        holders = {
+            (str(a[0]), int(a[1]))
+            for cp in (old, rec.checkpoint)
+            if cp
+            for entry in cp["states"]
+            for _, a in entry["holders"]
+        }
+        body = {"app": rec.app_id, "below": pending.epoch}
+        for address in holders:  # older epochs are not needed any more
+            self._spawn(self._dropped(address, body))
+
+    async def _dropped(self, address: Address, body: dict[str, Any]) -> None:
+        await self._quiet(address, "frag_drop", body)
+
+    # -- recovery ------------------------------------------------------------------------
+
+    async def peer_dead(self, name: str) -> None:
+        """The failure detector declared ``name`` dead: recover the apps it hosted."""
+        for app_id, rec in list(self.apps.items()):
+            if rec.state in LIVE_STATES and name in rec.hosts():
+                await self.recover(app_id, name)
+
+    async def adopt_from(self, dead: str) -> None:
+        """``dead`` scheduled apps and this peer is its closest neighbour: take over
+        the live ones (their records are in the DHT) and restart them, so that their
+        instances report here (and whatever ``dead`` hosted runs elsewhere)."""
+        ids = await self.records.get(record_key("scheduling", dead))
+        for app_id in ids if isinstance(ids, list) else []:
+            try:
+                raw = await self.records.get(record_key("app", str(app_id)))
+                rec = AppRecord.from_wire(raw)
+            except AgiledartError as exc:
+                log.warning("cannot adopt app %s of %s: %s", app_id, dead, exc)
+                continue
+            if rec.state not in LIVE_STATES or rec.scheduler_name != dead:
+                continue
+            log.info("adopting app %s: its scheduler %s died", rec.app_id, dead)
+            rec.scheduler, rec.scheduler_name = self.address(), self.name
+            self.apps[rec.app_id] = rec
+            self._sinks_done[rec.app_id] = {}
+            await self.records.add(record_key("scheduling", self.name), rec.app_id)
+            async with self._recovering.setdefault(rec.app_id, asyncio.Lock()):
+                started = time.monotonic()
+                if dead in rec.sources.values() or dead in rec.sinks.values():
+                    await self._fail(rec, f"peer {dead}, which hosts a source or sink, died")
+                    continue
+                try:
+                    await self._restart_without(rec, dead, started)
+                except AgiledartError as exc:
+                    await self._fail(rec, f"recovery from the loss of {dead} failed: {exc}")
+
+    async def _answers(self, rec: AppRecord, peer: str) -> bool:
+        address = rec.addresses.get(peer)
+        if address is None:
+            return False
+        try:
+            await self.links.request((str(address[0]), int(address[1])), "ring", {}, timeout=3.0)
+        except OverlayError:
+            return False
+        return True
+
+    async def recover(self, app_id: str, dead: str) -> None:
+        """Move what ``dead`` hosted to the live peer closest to its id and restart the
+        app from its sources' beginning on every host (the paper's policy for apps
+        without checkpoints): file sinks start over, so the output is exactly that of
+        a run without the failure. A dead source or sink peer fails the app: its data
+        or its consumer is gone with it."""
+        lock = self._recovering.setdefault(app_id, asyncio.Lock())
+        async with lock:
+            rec = self.apps.get(app_id)
+            if rec is None or rec.state not in LIVE_STATES or dead not in rec.hosts():
+                return  # done already, or nothing of it there
+            started = time.monotonic()
+            if dead in rec.sources.values() or dead in rec.sinks.values():
+                await self._fail(rec, f"peer {dead}, which hosts a source or sink, died")
+                return
+            try:
+                await self._restart_without(rec, dead, started)
+            except AgiledartError as exc:
+                log.warning("recovery of %s from the loss of %s failed: %s", app_id, dead, exc)
+                await self._fail(rec, f"recovery from the loss of {dead} failed: {exc}")
+
+    async def _restart_without(self, rec: AppRecord, dead: str, started: float) -> None:
+        """Roll the whole app back: to its last committed checkpoint when it has one
+        (states restored from their fragments, sources replayed from their offsets,
+        file sinks cut back to their committed size), else to its beginning. What
+        ``dead`` hosted, and any other host that no longer answers (several may die at
+        once), moves to the live peer closest to the dead one's id."""
+        spec = parse_spec(rec.spec)
+        others = sorted(p for p in rec.hosts() if p not in (dead, self.name))
+        answers = await asyncio.gather(*(self._answers(rec, p) for p in others))
+        gone = {dead} | {p for p, ok in zip(others, answers, strict=True) if not ok}
+        pinned = sorted(gone & (set(rec.sources.values()) | set(rec.sinks.values())))
+        if pinned:
+            msg = f"peer {pinned[0]}, which hosts a source or sink, died"
+            raise DeployError(msg)
+        moved: dict[str, str] = {}
+        addresses = {p: (str(a[0]), int(a[1])) for p, a in rec.addresses.items() if p not in gone}
+        for lost in sorted(gone):
+            takeover = await self._takeover(lost, exclude=gone)
+            if takeover is None:
+                msg = "no live peer to take over"
+                raise DeployError(msg)
+            moved[lost], addresses[takeover[0]] = takeover
+            log.info("app %s: %s died; %s takes over", rec.app_id, lost, takeover[0])
+        rec.addresses = {p: list(a) for p, a in addresses.items() if p in rec.hosts()}
+        await self._undeploy(rec)
+        rec.placement = {
+            op: list(dict.fromkeys(moved.get(p, p) for p in peers))
+            for op, peers in rec.placement.items()
+        }
+        for lost, by in moved.items():
+            rec.paths = [_replaced(path, lost, by) for path in rec.paths]
+        rec.generation += 1
+        self._sinks_done[rec.app_id] = {}
+        self._pending.pop(rec.app_id, None)
+        hosts: dict[str, tuple[str, ...]] = {s.id: (s.peer,) for s in spec.sources}
+        hosts |= {k.id: (k.peer,) for k in spec.sinks}
+        hosts |= {op: tuple(peers) for op, peers in rec.placement.items()}
+        plan = _restore_plan(rec.checkpoint, moved) if rec.checkpoint else None
+        order = _consumers_first(spec, hosts)
+        await self._install(rec, spec, hosts, addresses, order, restore=plan)
+        seconds = round(time.monotonic() - started, 3)
+        epoch = 0 if plan is None else int(plan["epoch"])
+        for lost, by in sorted(moved.items()):
+            rec.recoveries.append(
+                {
+                    "dead": lost,
+                    "by": self.name,
+                    "takeover": by,
+                    "mode": "restart" if plan is None else "checkpoint",
+                    "epoch": epoch,
+                    "at": time.time(),
+                    "seconds": seconds,
+                }
+            )
+            if self.trace is not None:
+                self.trace.emit(
+                    "recovery",
+                    app=rec.app_id,
+                    dead_peer=lost,
+                    epoch=epoch,
+                    phase="resumed",
+                    duration_ms=seconds * 1000.0,
+                    operators=sorted(op for op, ps in rec.placement.items() if by in ps),
+                )
+        await self._save(rec)
+
+    async def _takeover(self, dead: str, *, exclude: set[str]) -> tuple[str, Address] | None:
+        """The live peer whose id is closest to the dead one's (its leaf-set neighbour)."""
+        found = await self.directory.resolve(dead)
+        dead_id = found[0] if found is not None else 0
+        candidates = []
+        for name in self.directory.names():
+            if name in exclude:
+                continue
+            where = await self.directory.resolve(name)
+            if where is not None:
+                candidates.append((where[0] ^ dead_id, name, where[1]))
+        for _, name, address in sorted(candidates):
+            if name == self.name:
+                return name, address
+            try:
+                await self.links.request(address, "ring", {}, timeout=3.0)
+            except OverlayError:
+                continue
+            return name, address
+        return None
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def gather(self, rec: AppRecord) -> dict[str, Any]:
         """Every hosting peer's statistics of ``rec``'s instance."""
@@ -478,6 +824,70 @@ class Scheduler:
         return out
 
 
+@dataclass
+class _Epoch:
+    """An epoch being cut: what has reported its end so far."""
+
+    epoch: int
+    started: float
+    generation: int
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sinks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    states: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _checkpointing(spec: AppSpec) -> tuple[int, int] | None:
+    """(m, k) if the app checkpoints its state (mode erasure or replication, or auto
+    with a stateful operator and a source that does not end), else None."""
+    cp = spec.checkpoint
+    if cp.mode == "restart":
+        return None
+    if cp.mode == "auto":
+        stateful = any(o.stateful for o in spec.operators)
+        endless = any(
+            s.connector == "mqtt" or (s.connector == "generator" and s.params.get("count") is None)
+            for s in spec.sources
+        )
+        if not (stateful and endless):
+            return None
+    return (1, cp.k) if cp.mode == "replication" else (cp.m, cp.k)
+
+
+def _restore_plan(cp: dict[str, Any], moved: Mapping[str, str]) -> dict[str, Any]:
+    """A deployment's ``restore`` from a committed checkpoint, dead peers' states given
+    to the peers that took over from them."""
+    return {
+        "epoch": cp["epoch"],
+        "sources": dict(cp["sources"]),
+        "sinks": {k: v for k, v in cp["sinks"].items() if v is not None},
+        "states": [{**e, "peer": moved.get(e["peer"], e["peer"])} for e in cp["states"]],
+    }
+
+
+def _addr(rec: AppRecord, peer: str) -> Address:
+    a = rec.addresses[peer]
+    return (str(a[0]), int(a[1]))
+
+
+def _replaced(path: list[str], dead: str, by: str) -> list[str]:
+    """A JOIN path with ``dead`` swapped for ``by`` (a peer appears once in a row)."""
+    out: list[str] = []
+    for peer in (by if p == dead else p for p in path):
+        if not out or out[-1] != peer:
+            out.append(peer)
+    return out
+
+
+def _consumers_first(spec: AppSpec, hosts: Mapping[str, Sequence[str]]) -> list[str]:
+    """Hosting peers, those of the last nodes in topological order first."""
+    order: list[str] = []
+    for node in reversed(topological_order(spec)):
+        for peer in hosts.get(node, ()):
+            if peer not in order:
+                order.append(peer)
+    return order
+
+
 def _hosts(placement: Placement) -> dict[str, tuple[str, ...]]:
     hosts: dict[str, tuple[str, ...]] = {s: (p,) for s, p in placement.sources.items()}
     hosts |= {k: (p,) for k, p in placement.sinks.items()}
@@ -512,6 +922,12 @@ def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
         "sources": rec.sources,
         "sinks": rec.sinks,
         "paths": [list(p) for p in paths],
+        "generation": rec.generation,
+        "recoveries": rec.recoveries,
+        "checkpoint": None
+        if rec.checkpoint is None
+        else {k: rec.checkpoint[k] for k in ("epoch", "bytes", "store_s", "cut_s", "at")},
+        "checkpoints": rec.checkpoints,
         "totals": {
             "source_records": emitted,
             "sink_records": sum(s.get("records", 0) for s in sinks.values()),

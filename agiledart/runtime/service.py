@@ -4,10 +4,14 @@
 peer's frame server:
 
 * client-facing requests: ``register``, ``submit``, ``apps``, ``status``, ``stop``;
+* checkpoint fragments it holds for others: ``frag_put|frag_get|frag_drop|frag_held``;
 * peer-facing requests: ``kv_put|kv_add|kv_get`` (records store), ``join`` (route a
   JOIN for the scheduler), ``deploy``, ``start``, ``undeploy``, ``app_stats``,
   ``app_sink_done``, ``app_failed``;
-* data streams: ``data`` and ``wm`` in, ``credit`` back (on the outgoing links).
+* data streams: ``data`` and ``wm`` in, ``credit`` back (on the outgoing links, or,
+  for data relayed over an emulated network, on a connection of its own);
+* with a link model (``--links``): ``relay`` in, ``relay_ack`` back
+  (:mod:`agiledart.runtime.relay`).
 
 It publishes ``peer:<name>`` (node id, address) in the records store once the peer has
 joined the ring, and again every ``publish_interval_s`` (owners change as peers come
@@ -19,25 +23,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agiledart.app.errors import ExecutionError
 from agiledart.app.parse import parse_spec
 from agiledart.errors import AgiledartError
 from agiledart.overlay.errors import MalformedError, OverlayError
+from agiledart.overlay.leafset import Membership, MembershipEvent
 from agiledart.overlay.node import Delivery, OverlayNode
 from agiledart.overlay.tcp import ConnectionInfo, FrameServer
+from agiledart.runtime.checkpoints import FragmentStore, Holder, Uplink
 from agiledart.runtime.code import Bundle, CodeStore, code_ids_in, identifier
 from agiledart.runtime.errors import UnknownApp
 from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.execution.engines import make_engine
-from agiledart.runtime.instance import AppInstance, Deployment, InstanceOptions
+from agiledart.runtime.instance import AppInstance, Deployment, InstanceOptions, ReplyChannel
 from agiledart.runtime.links import Address, Links
+from agiledart.runtime.metrics import Buckets
 from agiledart.runtime.mqtt import BrokerPool
 from agiledart.runtime.records import Records, record_key
 from agiledart.runtime.scheduler import Scheduler
+from agiledart.traces import NullTraceWriter
+from agiledart.traces.writer import TraceWriter
+
+if TYPE_CHECKING:
+    from agiledart.runtime.linkmodel import LinkModel
+    from agiledart.runtime.relay import Relay
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +71,11 @@ class AppRuntime:
         options: InstanceOptions | None = None,
         publish_interval_s: float = 30.0,
         execution: EngineConfig | None = None,
+        link_model: LinkModel | None = None,
+        trace: TraceWriter | NullTraceWriter | None = None,
     ) -> None:
         self.name = name
+        self.trace = trace or NullTraceWriter()
         self.overlay = overlay
         self.links = links
         self.state_dir = state_dir
@@ -80,12 +96,29 @@ class AppRuntime:
             code=self.code,
             directory=self,
             stats_of=self._stats_of,
+            trace=self.trace,
         )
-        self.dropped: dict[str, int] = {"data_unknown_app": 0, "credit_unknown_edge": 0}
+        self.dropped: dict[str, int] = {
+            "data_unknown_app": 0,
+            "credit_unknown_edge": 0,
+            "data_stale": 0,  #: frames of an app from before its last recovery
+        }
         self._group: asyncio.TaskGroup | None = None
         self._publisher: asyncio.Task[None] | None = None
+        self._tracer: asyncio.Task[None] | None = None
         self._reports: set[asyncio.Task[None]] = set()
         for type, handler in self.records.handlers().items():
+            frames.route(type, handler)
+        #: checkpoint fragments this peer holds for others (agiledart.runtime.checkpoints)
+        cap = None if link_model is None else link_model.bandwidth_mbit
+        self.uplink = None if cap is None else Uplink(cap * 1e6 / 8)  #: emulated upload rate
+        self.fragments = FragmentStore(state_dir / "fragments", uplink=self.uplink)
+        #: snapshots stored from this peer: sizes (bytes) and times to store (s)
+        self.checkpoint_bytes = Buckets((1e3, 1e4, 1e5, 1e6, 1e7, 1e8))
+        self.checkpoint_seconds = Buckets((0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0))
+        #: instances of apps restored on this peer from a committed checkpoint
+        self.restored = 0
+        for type, handler in self.fragments.handlers().items():
             frames.route(type, handler)
         routes: dict[str, Callable[[dict[str, Any], ConnectionInfo], Any]] = {
             "register": self._register,
@@ -100,17 +133,41 @@ class AppRuntime:
             "app_stats": self._app_stats,
             "app_sink_done": self._app_sink_done,
             "app_failed": self._app_failed,
+            "app_barrier": self._app_barrier,
+            "app_peer_dead": self._app_peer_dead,
+            "app_checkpoint": self._app_checkpoint,
         }
         for type, handler in routes.items():
             frames.route(type, handler)
         frames.on_stream("data", self._on_data)
         frames.on_stream("wm", self._on_wm)
+        frames.on_stream("bar", self._on_barrier)
         links.on_stream("credit", self._on_credit)
+        frames.on_stream("credit", self._on_credit)  # from relayed data's destinations
+        #: carries data over the emulated network, when there is one
+        self.relay: Relay | None = None
+        if link_model is not None:
+            from agiledart.runtime.relay import Relay  # numpy, the bandit: only if used
+
+            self.relay = Relay(
+                name=name,
+                model=link_model,
+                links=links,
+                address=lambda: self.overlay.address,
+                resolve=self._address_of,
+                deliver=self._relayed,
+                trace=self.trace,
+            )
+            frames.on_stream("relay", self.relay.on_relay)
+            links.on_stream("relay_ack", self.relay.on_ack)
         overlay.on_deliver("join", _join_delivered)
+        overlay.subscribe(self._membership)
 
     def start(self, group: asyncio.TaskGroup, joined: asyncio.Event) -> None:
         self._group = group
         self._publisher = group.create_task(self._publish_loop(joined))
+        if self.trace.enabled:
+            self._tracer = group.create_task(self._opstats_loop())
         self.brokers.start(group)
         self.engine.start(group)
 
@@ -119,11 +176,15 @@ class AppRuntime:
         self._group = None
         if self._publisher is not None:
             self._publisher.cancel()
+        if self._tracer is not None:
+            self._tracer.cancel()
         for task in list(self._reports):
             task.cancel()
         for inst in list(self.instances.values()):
             await inst.stop()
         self.instances.clear()
+        if self.relay is not None:
+            await self.relay.aclose()
         await self.engine.aclose()
         await self.brokers.aclose()
 
@@ -170,6 +231,24 @@ class AppRuntime:
                 await asyncio.sleep(2.0)
                 continue
             await asyncio.sleep(self.publish_interval_s)
+
+    async def _opstats_loop(self, interval_s: float = 1.0) -> None:
+        """Trace every operator hosted here once a second (``opstats`` records)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            for app_id, inst in list(self.instances.items()):
+                for op, st in inst.statistics()["operators"].items():
+                    self.trace.emit(
+                        "opstats",
+                        app=app_id,
+                        operator=op,
+                        records_in=int(st.get("records_in", 0)),
+                        records_out=int(st.get("records_out", 0)),
+                        rate_in=float(st.get("rate") or 0.0),
+                        queue=int(st.get("queued", 0)),
+                        utilization=st.get("utilization"),
+                        service_us=st.get("service_us"),
+                    )
 
     # -- client-facing ----------------------------------------------------------------
 
@@ -258,9 +337,14 @@ class AppRuntime:
                 state_dir=self.state_dir,
                 options=self.options,
                 on_sink_done=lambda sink, info: self._report_done(d, sink, info),
-                on_failed=lambda error: self._report_failed(d, error),
+                on_failed=lambda error, lost: self._report_failed(d, error, lost),
                 brokers=self.brokers,
                 engine=self.engine,
+                relay=self.relay,
+                trace=self.trace if self.trace.enabled else None,
+                on_checkpoint=lambda report: self._report_checkpoint(d, report),
+                holders=self._holders,
+                uplink=self.uplink,
             )
         except AgiledartError:
             raise
@@ -270,6 +354,9 @@ class AppRuntime:
             raise ExecutionError(msg) from exc
         inst.launch(self._group)
         self.instances[d.app_id] = inst
+        if d.restore is not None:
+            self.restored += 1
+        self._manifest_changed()
         try:
             await inst.wait_ready()  # "deployed" means ready: workers up, code loaded
         except ExecutionError:
@@ -285,7 +372,10 @@ class AppRuntime:
     async def _undeploy(self, req: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:
         inst = self.instances.pop(_app_id(req), None)
         if inst is not None:
+            self._manifest_changed()
             await inst.stop()
+            if self.relay is not None:
+                self.relay.forget(inst.app_id)
         return {"undeployed": inst is not None}
 
     async def _app_stats(self, req: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any] | None:
@@ -297,22 +387,32 @@ class AppRuntime:
 
     async def _app_sink_done(self, req: dict[str, Any], conn: ConnectionInfo) -> bool:
         info = req.get("info") if isinstance(req.get("info"), dict) else {}
-        await self.scheduler.sink_done(_app_id(req), str(req.get("sink")), info or {})
+        await self.scheduler.sink_done(
+            _app_id(req), str(req.get("sink")), info or {}, generation=_generation(req)
+        )
         return True
 
     async def _app_failed(self, req: dict[str, Any], conn: ConnectionInfo) -> bool:
-        await self.scheduler.failed(_app_id(req), conn.peer_name, str(req.get("error")))
+        lost = req.get("lost")
+        await self.scheduler.failed(
+            _app_id(req),
+            conn.peer_name,
+            str(req.get("error")),
+            lost=lost if isinstance(lost, str) and lost else None,
+            generation=_generation(req),
+        )
         return True
 
     async def _report_done(self, d: Deployment, sink: str, info: dict[str, Any]) -> None:
-        body = {"app_id": d.app_id, "sink": sink, "info": info}
+        body = {"app_id": d.app_id, "sink": sink, "info": info, "generation": d.generation}
         if self._group is not None:
             task = self._group.create_task(self._tell(d.scheduler, "app_sink_done", body))
             self._reports.add(task)
             task.add_done_callback(self._reports.discard)
 
-    async def _report_failed(self, d: Deployment, error: str) -> None:
-        await self._tell(d.scheduler, "app_failed", {"app_id": d.app_id, "error": error})
+    async def _report_failed(self, d: Deployment, error: str, lost: str | None) -> None:
+        body = {"app_id": d.app_id, "error": error, "lost": lost, "generation": d.generation}
+        await self._tell(d.scheduler, "app_failed", body)
 
     async def _tell(self, address: Address, type: str, body: dict[str, Any]) -> None:
         for attempt in range(3):
@@ -333,7 +433,93 @@ class AppRuntime:
 
     # -- data -------------------------------------------------------------------------
 
-    async def _on_data(self, msg: dict[str, Any], conn: ConnectionInfo) -> None:
+    def _membership(self, event: MembershipEvent) -> None:
+        """A leaf-set peer declared dead: the apps this peer schedules that it hosted
+        are recovered (their scheduler notices; an instance sending to it may too)."""
+        if event.kind is not Membership.DEAD or not event.contact.name or self._group is None:
+            return
+        dead = event.contact
+        jobs = [self.scheduler.peer_dead(dead.name)]
+        alive = [c.node_id for c in self.overlay.leaf_set.members() if c.node_id != dead.node_id]
+        if min([self.overlay.node_id, *alive], key=lambda n: n ^ dead.node_id) == (
+            self.overlay.node_id
+        ):  # the dead peer's closest neighbour takes care of what it left
+            jobs.append(self.scheduler.adopt_from(dead.name))
+            jobs.append(self._report_hosted(dead.name))
+        for job in jobs:
+            task = self._group.create_task(job)
+            self._reports.add(task)
+            task.add_done_callback(self._reports.discard)
+
+    async def _report_hosted(self, dead: str) -> None:
+        """Tell the scheduler of every app ``dead`` hosted (its hosting manifest, kept
+        in the DHT) that it died: a scheduler far away in the ring does not see it."""
+        try:
+            manifest = await self.records.get(record_key("hosting", dead))
+        except AgiledartError as exc:
+            log.warning("no hosting manifest of %s: %s", dead, exc)
+            return
+        apps = manifest.get("apps") if isinstance(manifest, dict) else None
+        for app_id in apps if isinstance(apps, list) else []:
+            try:
+                rec = await self.scheduler.record(str(app_id))
+            except AgiledartError:
+                continue
+            if rec.state not in ("deploying", "running") or rec.scheduler_name == dead:
+                continue  # over, or adopted with the dead scheduler's other apps
+            body = {"app_id": rec.app_id, "dead": dead}
+            if rec.scheduler_name == self.name:
+                await self.scheduler.recover(rec.app_id, dead)
+                continue
+            try:
+                await self.links.request(rec.scheduler, "app_peer_dead", body, timeout=10.0)
+            except OverlayError as exc:
+                log.warning("scheduler of %s not told of %s's death: %s", rec.app_id, dead, exc)
+
+    async def _app_peer_dead(self, req: dict[str, Any], conn: ConnectionInfo) -> bool:
+        dead = req.get("dead")
+        if not isinstance(dead, str) or not dead:
+            msg = "app_peer_dead needs 'dead': a peer name"
+            raise MalformedError(msg)
+        app_id = _app_id(req)
+        rec = self.scheduler.apps.get(app_id)
+        if rec is not None and dead in rec.hosts() and self._group is not None:
+            task = self._group.create_task(self.scheduler.recover(app_id, dead))
+            self._reports.add(task)
+            task.add_done_callback(self._reports.discard)
+        return True
+
+    def _manifest_changed(self) -> None:
+        """Publish which apps this peer hosts (``hosting:<name>``, replicated with the
+        records store), for whoever takes over from it."""
+        if self._group is None:
+            return
+        apps = sorted(self.instances)
+        task = self._group.create_task(self._publish_manifest(apps))
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+    async def _publish_manifest(self, apps: list[str]) -> None:
+        try:
+            await self.records.put(record_key("hosting", self.name), {"apps": apps})
+        except AgiledartError as exc:
+            log.debug("hosting manifest not published: %s", exc)
+
+    async def _address_of(self, name: str) -> Address | None:
+        found = await self.resolve(name)
+        return None if found is None else found[1]
+
+    async def _relayed(self, kind: str, body: dict[str, Any], origin: str, at: Address) -> None:
+        """A packet the relay layer carried here, in its flow's order."""
+        line = _Origin(origin, at, self.links)
+        if kind == "data":
+            await self._on_data(body, line)
+        elif kind == "bar":
+            await self._on_barrier(body, line)
+        else:
+            await self._on_wm(body, line)
+
+    async def _on_data(self, msg: dict[str, Any], conn: ReplyChannel) -> None:
         app_id, producer, batch = msg.get("a"), msg.get("p"), msg.get("b")
         if not isinstance(app_id, str) or not isinstance(producer, str):
             err = "data frame needs 'a' and 'p' strings"
@@ -345,18 +531,67 @@ class AppRuntime:
         if inst is None:
             self.dropped["data_unknown_app"] += 1
             return
+        if msg.get("g", 0) != inst.generation:  # sent before a recovery
+            self.dropped["data_stale"] += 1
+            return
         inst.accept_data(producer, batch, conn)
 
-    async def _on_wm(self, msg: dict[str, Any], conn: ConnectionInfo) -> None:
+    async def _on_wm(self, msg: dict[str, Any], conn: ReplyChannel) -> None:
         app_id, producer, wm = msg.get("a"), msg.get("p"), msg.get("w")
         if not isinstance(app_id, str) or not isinstance(producer, str) or type(wm) is not int:
             err = "wm frame needs 'a', 'p' strings and an integer 'w'"
             raise MalformedError(err)
         wall = msg.get("c")
         inst = self.instances.get(app_id)
-        if inst is not None:
+        if inst is not None and msg.get("g", 0) == inst.generation:
             clock = float(wall) if isinstance(wall, int | float) else 0.0
             await inst.accept_wm(producer, wm, clock, conn.peer_name)
+
+    async def _on_barrier(self, msg: dict[str, Any], conn: ReplyChannel) -> None:
+        app_id, producer, epoch = msg.get("a"), msg.get("p"), msg.get("e")
+        if not isinstance(app_id, str) or not isinstance(producer, str) or type(epoch) is not int:
+            err = "bar frame needs 'a', 'p' strings and an integer epoch 'e'"
+            raise MalformedError(err)
+        inst = self.instances.get(app_id)
+        if inst is not None and msg.get("g", 0) == inst.generation:
+            await inst.accept_barrier(producer, epoch, conn.peer_name)
+
+    # -- checkpoints --------------------------------------------------------------------
+
+    def _holders(self, n: int) -> list[Holder]:
+        """Where this peer's checkpoint fragments go: its n closest leaf-set peers."""
+        return [
+            Holder(c.name or f"{c.node_id:040x}", (c.host, c.port))
+            for c in self.overlay.leaf_set.members()[:n]
+        ]
+
+    async def _app_barrier(self, req: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:
+        """The scheduler cuts epoch ``epoch``: barriers into this peer's sources (in the
+        background: a source blocked by back-pressure takes its barrier when it moves)."""
+        inst = self._instance(req)
+        epoch = req.get("epoch")
+        if type(epoch) is not int or _generation(req) != inst.generation:
+            return {"injected": False}
+        if self._group is not None:
+            task = self._group.create_task(inst.inject_barrier(epoch))
+            self._reports.add(task)
+            task.add_done_callback(self._reports.discard)
+        return {"injected": True}
+
+    async def _app_checkpoint(self, req: dict[str, Any], conn: ConnectionInfo) -> bool:
+        report = req.get("report")
+        if not isinstance(report, dict) or type(report.get("epoch")) is not int:
+            msg = "app_checkpoint needs a 'report' with an integer 'epoch'"
+            raise MalformedError(msg)
+        await self.scheduler.checkpoint_report(_app_id(req), report, generation=_generation(req))
+        return True
+
+    async def _report_checkpoint(self, d: Deployment, report: dict[str, Any]) -> None:
+        if report.get("kind") == "state":  # a snapshot stored from here
+            self.checkpoint_bytes.observe(float(report.get("bytes", 0)))
+            self.checkpoint_seconds.observe(float(report.get("seconds", 0.0)))
+        body = {"app_id": d.app_id, "report": report, "generation": d.generation}
+        await self._tell(d.scheduler, "app_checkpoint", body)
 
     async def _on_credit(self, msg: dict[str, Any], conn: ConnectionInfo) -> None:
         app_id, edge, n = msg.get("a"), msg.get("e"), msg.get("n")
@@ -364,8 +599,30 @@ class AppRuntime:
             err = "credit frame needs 'a', 'e' strings and an integer 'n'"
             raise MalformedError(err)
         inst = self.instances.get(app_id)
-        if inst is None or not inst.grant(f"{edge}>{conn.peer_name}", n):
+        if inst is not None and msg.get("g", 0) != inst.generation:
+            self.dropped["data_stale"] += 1
+        elif inst is None or not inst.grant(f"{edge}>{conn.peer_name}", n):
             self.dropped["credit_unknown_edge"] += 1
+
+
+class _Origin:
+    """The reply channel of a relayed batch: credits go straight to its origin."""
+
+    def __init__(self, name: str, address: Address, links: Links) -> None:
+        self._name, self._address, self._links = name, address, links
+
+    @property
+    def peer_name(self) -> str:
+        return self._name
+
+    async def send(self, type: str, body: Mapping[str, Any] | None = None) -> None:
+        client = await self._links.client(self._address)
+        await client.send(type, body)
+
+
+def _generation(req: dict[str, Any]) -> int:
+    g = req.get("generation", 0)
+    return g if type(g) is int else 0
 
 
 def _app_id(req: dict[str, Any]) -> str:

@@ -236,6 +236,23 @@ class Engine:
     async def run(self, unit: Unit, kind: str, producer: str, what: Any) -> list[Emission]:
         raise NotImplementedError
 
+    async def snapshot(self, unit: Unit) -> dict[str, bytes]:
+        """Every operator's state of ``unit`` wherever it runs, for a checkpoint. Called
+        between two of its turns (by the task that runs them); a state held by a worker
+        comes back to the peer and goes out again with the unit's next turn."""
+        if unit.local or not unit.stateful:
+            return unit.executor.snapshot()
+        if unit.handover is not None:
+            return dict(unit.handover)
+        state = await self._take_state(unit)
+        if state is None:
+            return unit.executor.snapshot()
+        unit.handover = state
+        return dict(state)
+
+    async def _take_state(self, unit: Unit) -> dict[str, bytes] | None:
+        return None
+
     async def aclose(self) -> None:
         return None
 
@@ -349,6 +366,13 @@ class PoolEngine(Engine):
                 self.dispatcher.done(w)
                 continue
             fut.set_result(w)
+
+    async def _take_state(self, unit: Unit) -> dict[str, bytes] | None:
+        if unit.holder is None:
+            return None
+        state = await self._export(unit)
+        unit.holder = None
+        return state
 
     async def _export(self, unit: Unit) -> dict[str, bytes]:
         assert unit.holder is not None
@@ -464,6 +488,12 @@ class ProcessEngine(Engine):
         unit.wait_s = 0.0
         unit.add_stats(stats)
         return out  # type: ignore[no-any-return]
+
+    async def _take_state(self, unit: Unit) -> dict[str, bytes] | None:
+        if unit.process is None:
+            return None
+        state, _, _ = await unit.process.call(("export", unit.app_id, unit.uid))
+        return state  # type: ignore[no-any-return]
 
     async def close_app(self, app_id: str) -> None:
         for u in self.units_of(app_id):

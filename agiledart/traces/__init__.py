@@ -1,0 +1,17 @@
+"""Traces: what peers record for the offline analysis (DESIGN.md §3 step 9).
+
+:mod:`agiledart.traces.schema` defines the records, :mod:`agiledart.traces.writer`
+writes them. ``agiledart analyze`` (:mod:`agiledart.analysis`) reads them with Spark.
+"""
+
+from agiledart.traces.schema import SCHEMA_VERSION, TraceSchemaError, check
+from agiledart.traces.writer import NullTraceWriter, TraceWriter, trace_files
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "NullTraceWriter",
+    "TraceSchemaError",
+    "TraceWriter",
+    "check",
+    "trace_files",
+]

@@ -1,0 +1,118 @@
+"""The link model and the relay's frame checks, without processes."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from agiledart.bandit import Graph, save_graph
+from agiledart.emulate import _peers_for_links, relay_totals
+from agiledart.errors import AgiledartError
+from agiledart.overlay.errors import MalformedError
+from agiledart.runtime.linkmodel import LinkModel
+from agiledart.runtime.relay import _checked
+
+
+def line(slot_ms: float = 10.0) -> LinkModel:
+    """sensor-1 -> edge-1 -> gateway-1, plus a lossy shortcut sensor-1 -> gateway-1."""
+    links = [
+        ("sensor-1", "edge-1", 0.5),
+        ("edge-1", "gateway-1", 1.0),
+        ("sensor-1", "gateway-1", 0.25),
+    ]
+    nodes = ["sensor-1", "edge-1", "gateway-1"]
+    return LinkModel(
+        Graph.build(nodes, links, source="sensor-1", sink="gateway-1", slot_ms=slot_ms)
+    )
+
+
+def test_neighbours_hops_and_loss() -> None:
+    m = line()
+    assert m.neighbours("sensor-1") == ("edge-1", "gateway-1")
+    assert m.neighbours("gateway-1") == ()  # links are directed
+    assert m.theta("sensor-1", "edge-1") == 0.5
+    assert m.theta("edge-1", "sensor-1") is None
+    assert m.hops_to("gateway-1") == {"gateway-1": 0, "edge-1": 1, "sensor-1": 1}
+    assert "sensor-1" not in m.hops_to("edge-2")
+    assert m.covers("edge-1")
+    assert not m.covers("edge-2")
+
+
+def test_optimal_delay_counts_slots_and_the_wait_for_lost_attempts() -> None:
+    m = line(slot_ms=10.0)
+    # via edge-1: 10/0.5 + 10/1 = 30 ms; direct: 10/0.25 = 40 ms
+    assert m.optimal_ms("sensor-1", "gateway-1") == pytest.approx(30.0)
+    # a lost attempt also waits 100 ms for its acknowledgement: (10+100)/θ - 100 per link
+    # via edge-1: 120 + 10 = 130; direct: 340
+    assert m.optimal_ms("sensor-1", "gateway-1", 100.0) == pytest.approx(130.0)
+    assert m.optimal_ms("gateway-1", "sensor-1") is None
+
+
+def test_emulate_needs_link_nodes_named_like_its_peers(tmp_path: Path) -> None:
+    path = tmp_path / "links.json"
+    save_graph(line().graph, path)
+    assert _peers_for_links(path) == 5  # sensor-1 .. gateway-2, edge-1 is the 5th
+    bad = Graph.build(["a", "b"], [("a", "b", 0.5)], source="a", sink="b")
+    save_graph(bad, path)
+    with pytest.raises(AgiledartError, match="not peer names"):
+        _peers_for_links(path)
+    path.write_text("{not json")
+    with pytest.raises(AgiledartError, match="--links"):
+        _peers_for_links(path)
+
+
+def test_relay_totals_sum_the_peers() -> None:
+    ring = {"relay": {"stats": {"sent": 2, "failures": 1}}}
+    assert relay_totals([ring, None, {"relay": None}, ring]) == {"sent": 4, "failures": 2}
+    assert relay_totals([{"relay": None}]) is None
+
+
+def packet() -> dict[str, object]:
+    return {
+        "t": "relay",
+        "id": None,
+        "i": "sensor-1~ab~1",
+        "a": "app",
+        "f": "op|sensor-1",
+        "q": 0,
+        "o": "sensor-1",
+        "oa": ["127.0.0.2", 4000],
+        "d": "gateway-1",
+        "da": ["127.0.0.4", 4000],
+        "k": "data",
+        "b": {"a": "app"},
+        "p": ["sensor-1"],
+        "tau": 1,
+        "t0": 1.0,
+        "n": 1,
+        "x": 7,
+    }
+
+
+def test_a_relay_frame_is_checked_and_stripped_of_its_envelope() -> None:
+    checked = _checked(packet())
+    assert "t" not in checked
+    assert "id" not in checked
+    assert checked["i"] == "sensor-1~ab~1"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("q", "0"),
+        ("q", True),
+        ("k", "code"),
+        ("p", ["sensor-1", 3]),
+        ("oa", ["127.0.0.2"]),
+        ("da", [1, 2]),
+        ("b", []),
+        ("tau", math.inf),
+    ],
+)
+def test_a_malformed_relay_frame_is_refused(field: str, value: object) -> None:
+    bad = packet()
+    bad[field] = value
+    with pytest.raises(MalformedError):
+        _checked(bad)
