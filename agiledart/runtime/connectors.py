@@ -47,7 +47,6 @@ from typing import IO, TYPE_CHECKING, Any, Protocol, TextIO
 from agiledart.app.errors import ExecutionError
 from agiledart.app.local import source_batches
 from agiledart.app.spec import SinkSpec, SourceSpec
-from agiledart.datasets import ParseStats, chunk_size, generate_batches, generator_kwargs
 from agiledart.operators import Record
 
 if TYPE_CHECKING:
@@ -172,6 +171,8 @@ class Source:
             raise ExecutionError(msg)
         self.spec = spec
         self.stats = SourceStatistics()
+        from agiledart.datasets import ParseStats  # numpy: only where sources run
+
         self.parse_stats = ParseStats()
         self._base_dir = Path(base_dir)
         self._batch_size = batch_size
@@ -190,6 +191,8 @@ class Source:
     def _batches(self) -> Iterator[list[Record]]:
         p = self.spec.params
         if self.spec.connector == "generator":
+            from agiledart.datasets import chunk_size, generate_batches, generator_kwargs
+
             kwargs = generator_kwargs(p)
             # a slow stream is made a chunk at a time: hold no more than that
             batch = min(self._batch_size, chunk_size(p["rate"]))
