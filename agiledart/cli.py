@@ -224,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.set_defaults(func=_cmd_keygen)
 
+    from agiledart.analysis.command import add_parser as add_analyze
     from agiledart.cli_apps import add_parsers as add_app_commands
     from agiledart.emulate import add_parser as add_emulate
     from agiledart.sensors import add_parser as add_sensors
@@ -232,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_app_commands(sub, _add_via, call_peer, _run)
 
     add_emulate(sub)
+    add_analyze(sub)
     add_sensors(sub)
     add_dashboard_url(sub, _add_via, call_peer, _run)
     return parser

@@ -1,0 +1,28 @@
+"""Offline analysis of peer traces with PySpark (DESIGN.md §3 step 9; docs/traces.md).
+
+``agiledart analyze TRACE_DIR --out DIR`` reads every peer's trace files with explicit
+Spark schemas (:mod:`~agiledart.analysis.schemas`, :mod:`~agiledart.analysis.reader`),
+counts and skips malformed lines, runs one Spark job per figure and writes CSV tables,
+PNG plots and ``report.html``:
+
+* :mod:`~agiledart.analysis.metrics`: latency percentiles per app over time, throughput
+  per operator;
+* :mod:`~agiledart.analysis.routing`: regret curves, path choices and delay CDFs per
+  policy and graph, hop attempt outcomes;
+* :mod:`~agiledart.analysis.placement`: operators per peer (with a normal-probability
+  plot), schedulers per zone;
+* :mod:`~agiledart.analysis.timelines`: scaling, recovery, checkpoints, membership.
+
+:mod:`~agiledart.analysis.simulated` turns a regret simulation into traces. pyspark and
+matplotlib (the ``analysis`` extra) are imported only when an analysis runs, so this
+package imports without them. Exceptions (:mod:`~agiledart.analysis.errors`)::
+
+    AnalysisError(AgiledartError)
+    ├── AnalysisUsageError
+    └── SparkUnavailableError
+"""
+
+from agiledart.analysis.errors import AnalysisError, AnalysisUsageError, SparkUnavailableError
+from agiledart.analysis.run import Analysis, analyze
+
+__all__ = ["Analysis", "AnalysisError", "AnalysisUsageError", "SparkUnavailableError", "analyze"]

@@ -1,0 +1,110 @@
+"""Where operators run (``placement``, the paper's Fig. 10) and zone schedulers
+(``scheduler``).
+
+Each app's latest ``placement`` record (largest ``ts``) is its placement. An operator
+instance is one (app, operator, peer) entry of a placement's map; a peer's count is
+the number of instances on it, over all apps. The peers counted are those named in a
+placement and every peer that wrote a trace (so a peer that hosts nothing counts as
+0). The normal-probability plot sets the sorted counts against the standard normal
+quantiles at Blom's plotting positions (i - 3/8) / (n + 1/4).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Window
+from pyspark.sql import functions as F
+
+from agiledart.analysis import plots
+from agiledart.analysis.model import Section, Table, collect
+from agiledart.analysis.reader import Traces
+
+__all__ = ["placement_section", "scheduler_section"]
+
+
+def placement_section(traces: Traces) -> Section:
+    section = Section("placement", "Operator placement", ("placement",))
+    if not traces.has("placement"):
+        return section
+    newest = Window.partitionBy("app").orderBy(F.desc("ts"))
+    latest = (
+        traces.records("placement")
+        .withColumn("n", F.row_number().over(newest))
+        .where(F.col("n") == 1)
+    )
+    instances = latest.select("app", F.explode("placement").alias("operator", "peers")).select(
+        "app", "operator", F.explode("peers").alias("peer")
+    )
+    writers = traces.spark.createDataFrame([(p,) for p in traces.writer_peers], "peer string")
+    peers = writers.unionByName(instances.select("peer")).distinct()
+    per_peer = (
+        peers.join(
+            instances.groupBy("peer").agg(F.count(F.lit(1)).alias("operators")), "peer", "left"
+        )
+        .select("peer", F.coalesce("operators", F.lit(0)).alias("operators"))
+        .orderBy(F.desc("operators"), "peer")
+    )
+    table = collect(per_peer, "operators_per_peer", "Operator instances per peer")
+    counts = table.column("operators")
+    hist = sorted({c: counts.count(c) for c in counts}.items())
+    histogram = Table(
+        "operators_per_peer_hist",
+        "Peers by number of operator instances",
+        ["operators", "peers"],
+        [tuple(r) for r in hist],
+    )
+    placements = collect(
+        latest.select(
+            "app",
+            "name",
+            "strategy",
+            F.explode("placement").alias("operator", "peers"),
+        )
+        .select("app", "name", "strategy", "operator", F.array_join("peers", " ").alias("peers"))
+        .orderBy("app", "operator"),
+        "placements",
+        "Latest placement of each app",
+    )
+    paths = collect(
+        latest.select("app", F.posexplode("paths").alias("i", "path"))
+        .select("app", "i", F.array_join("path", " > ").alias("path"))
+        .orderBy("app", "i"),
+        "placement_paths",
+        "Dataflow paths of each app (source to sink)",
+    )
+    section.tables += [table, histogram, placements, paths]
+    section.notes.append(
+        f"{len(counts)} peers, {sum(counts)} operator instances "
+        f"(latest placement of {latest.count()} apps)."
+    )
+    section.plots += [plots.operators_per_peer(histogram), plots.normal_probability(table)]
+    return section
+
+
+def scheduler_section(traces: Traces) -> Section:
+    section = Section("schedulers", "Zone schedulers", ("scheduler",))
+    if not traces.has("scheduler"):
+        return section
+    t0 = traces.t0_ms or 0.0
+    events = traces.records("scheduler")
+    zones = (
+        events.groupBy("zone")
+        .agg(
+            F.countDistinct("scheduler").alias("schedulers"),
+            F.array_join(F.array_sort(F.collect_set("scheduler")), " ").alias("names"),
+            F.count(F.lit(1)).alias("events"),
+            F.max_by("scheduler", "ts").alias("latest"),
+            F.max_by("apps", "ts").alias("latest_apps"),
+        )
+        .orderBy("zone")
+    )
+    per_zone = collect(zones, "schedulers", "Schedulers per zone")
+    log = collect(
+        events.select(
+            ((F.col("ts") - F.lit(t0)) / 1000.0).alias("t_s"), "zone", "scheduler", "event", "apps"
+        ).orderBy("t_s", "zone"),
+        "scheduler_events",
+        "Scheduler events",
+    )
+    section.tables += [per_zone, log]
+    section.plots.append(plots.schedulers(per_zone))
+    return section

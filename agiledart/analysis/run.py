@@ -1,0 +1,148 @@
+"""One analysis: read a trace directory, run every job, write the report."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agiledart.analysis.errors import AnalysisUsageError
+from agiledart.analysis.session import require_analysis_extra, spark_session
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from agiledart.analysis.model import Section
+
+__all__ = ["Analysis", "analyze"]
+
+log = logging.getLogger("agiledart.analysis")
+
+#: Spark jobs submitted at the same time
+JOBS_AT_ONCE = 4
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """What :func:`analyze` wrote and found."""
+
+    out: Path
+    report: Path
+    lines: int
+    records: dict[str, int]
+    malformed: dict[str, int]
+    seconds: float
+    sections: list[Section]
+    timings: dict[str, float]
+    """Seconds spent reading (parse and cache), in the jobs, and writing the report."""
+
+    @property
+    def malformed_total(self) -> int:
+        return sum(self.malformed.values())
+
+
+def analyze(
+    trace_dir: Path,
+    out: Path,
+    *,
+    window_s: float = 1.0,
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+    spark: SparkSession | None = None,
+) -> Analysis:
+    """Analyze the traces under ``trace_dir`` and write tables, plots and
+    ``report.html`` under ``out``.
+
+    Spark runs locally (``local[2]``) unless ``master`` names a cluster; ``spark``
+    reuses a session the caller owns instead (``master`` and ``conf`` are then unused).
+    """
+    if not (math.isfinite(window_s) and window_s > 0):
+        msg = f"the window must be a positive number of seconds, got {window_s}"
+        raise AnalysisUsageError(msg)
+    if not Path(trace_dir).is_dir():
+        msg = f"{trace_dir} is not a directory"
+        raise AnalysisUsageError(msg)
+    require_analysis_extra()
+    if spark is not None:
+        return _analyze(spark, Path(trace_dir), Path(out), window_s * 1000.0)
+    with spark_session(master, conf) as session:
+        return _analyze(session, Path(trace_dir), Path(out), window_s * 1000.0)
+
+
+def _analyze(spark: SparkSession, trace_dir: Path, out: Path, window_ms: float) -> Analysis:
+    from agiledart.analysis import metrics, overview, placement, routing, timelines
+    from agiledart.analysis.reader import read_traces
+    from agiledart.analysis.report import write_report
+
+    started = time.perf_counter()
+    traces = read_traces(spark, trace_dir)
+    read_at = time.perf_counter()
+    try:
+        if traces.malformed.total:
+            log.warning(
+                "skipped %d malformed trace lines: %s",
+                traces.malformed.total,
+                ", ".join(f"{k} {v}" for k, v in traces.malformed.counts.items() if v),
+            )
+        jobs: list[Callable[[], Section]] = [
+            lambda: overview.overview_section(traces),
+            lambda: overview.malformed_section(traces),
+            lambda: metrics.latency_section(traces, window_ms),
+            lambda: metrics.throughput_section(traces, window_ms),
+            lambda: routing.routing_section(traces),
+            lambda: routing.shuffle_section(traces),
+            lambda: placement.placement_section(traces),
+            lambda: placement.scheduler_section(traces),
+            lambda: timelines.scaling_section(traces),
+            lambda: timelines.recovery_section(traces),
+            lambda: timelines.checkpoint_section(traces),
+            lambda: timelines.peer_section(traces),
+        ]
+        # Spark runs jobs of several threads at once: while one job's query is planned
+        # and compiled on the driver, another's tasks use the cores
+        with ThreadPoolExecutor(JOBS_AT_ONCE, thread_name_prefix="analyze") as pool:
+            sections = list(pool.map(lambda job: job(), jobs))
+    finally:
+        traces.release()
+    jobs_at = time.perf_counter()
+    _clear(out)
+    summary: dict[str, Any] = {
+        "trace_dir": str(trace_dir),
+        "files": len(traces.files),
+        "lines": traces.lines,
+        "records": traces.counts,
+        "malformed": traces.malformed.counts,
+        "window_s": window_ms / 1000.0,
+        "t0_ms": traces.t0_ms,
+        "t1_ms": traces.t1_ms,
+        "tables": [t.name for s in sections for t in s.tables],
+        "plots": [p.name for s in sections for p in s.plots],
+        "empty_sections": [s.key for s in sections if s.empty],
+    }
+    report = write_report(out, f"agiledart trace analysis: {trace_dir.name}", sections, summary)
+    return Analysis(
+        out=out,
+        report=report,
+        lines=traces.lines,
+        records=dict(traces.counts),
+        malformed=dict(traces.malformed.counts),
+        seconds=time.perf_counter() - started,
+        sections=sections,
+        timings={
+            "read_s": round(read_at - started, 2),
+            "jobs_s": round(jobs_at - read_at, 2),
+            "report_s": round(time.perf_counter() - jobs_at, 2),
+        },
+    )
+
+
+def _clear(out: Path) -> None:
+    """Remove what an earlier analysis wrote to ``out`` (and nothing else)."""
+    for pattern in ("tables/*.csv", "plots/*.png"):
+        for old in out.glob(pattern):
+            old.unlink()

@@ -1,0 +1,115 @@
+"""Starting Spark: the one place pyspark's start-up failures become ours (STYLE.md 2).
+
+``agiledart analyze`` runs Spark in local mode (``local[2]``, 3 GB of heap) unless
+given a master URL, or uses the session already active in the process
+(``spark-submit``). Spark's own logging is turned down to errors (a log4j2 file written
+for the run), its console progress bar and web UI are off, so what the user sees on
+stderr is ours. The cache of parsed records is uncompressed (see
+:mod:`~agiledart.analysis.reader`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agiledart.analysis.errors import SparkUnavailableError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["LOCAL_MASTER", "require_analysis_extra", "spark_session"]
+
+LOCAL_MASTER = "local[2]"
+
+_INSTALL = "install the analysis extra: pip install 'agiledart[analysis]'"
+
+_LOG4J = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = spark %p %c{1}: %m%n
+"""
+
+#: Spark generates one Java method per stage of a query, and the per-line stage of the
+#: reader is larger than the 8000 bytes HotSpot compiles by default: without this it
+#: runs interpreted, two to three times slower
+_JIT = "-XX:-DontCompileHugeMethods"
+
+#: defaults for a local run; ``conf`` given to :func:`spark_session` overrides them
+LOCAL_DEFAULTS: dict[str, str] = {
+    "spark.driver.memory": "3g",
+    "spark.sql.shuffle.partitions": "4",
+}
+DEFAULTS: dict[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.inMemoryColumnarStorage.compressed": "false",
+}
+
+
+def require_analysis_extra() -> None:
+    """Raise :class:`SparkUnavailableError` unless pyspark and matplotlib import."""
+    for module in ("pyspark", "matplotlib"):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            msg = f"{module} is not installed; {_INSTALL}"
+            raise SparkUnavailableError(msg)
+    # pyspark 4.x warns once about pandas >= 3, which the analysis does not use
+    warnings.filterwarnings("ignore", "PySpark does not yet fully support pandas", FutureWarning)
+
+
+@contextlib.contextmanager
+def spark_session(
+    master: str | None = None, conf: Mapping[str, str] | None = None
+) -> Iterator[SparkSession]:
+    """A Spark session for one analysis: the active one if there is one (under
+    ``spark-submit``, in a notebook, in tests), else a new one, stopped on exit."""
+    require_analysis_extra()
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    from pyspark.errors import PySparkException
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        yield active
+        return
+
+    settings = {**DEFAULTS, **(LOCAL_DEFAULTS if master is None else {}), **(conf or {})}
+    with tempfile.TemporaryDirectory(prefix="agiledart-spark-") as tmp:
+        log4j = Path(tmp) / "log4j2.properties"
+        log4j.write_text(_LOG4J)
+        for side, options in (
+            ("driver", f"{_JIT} -Dlog4j2.configurationFile=file:{log4j}"),
+            ("executor", _JIT),
+        ):
+            extra = settings.get(f"spark.{side}.extraJavaOptions")
+            settings[f"spark.{side}.extraJavaOptions"] = f"{extra} {options}" if extra else options
+        builder = SparkSession.builder.master(master or LOCAL_MASTER).appName("agiledart-analyze")
+        for key, value in settings.items():
+            builder = builder.config(key, value)
+        try:
+            spark = builder.getOrCreate()
+        except (PySparkException, OSError) as exc:
+            msg = f"Spark did not start ({exc}); it needs Java 17 or newer (JAVA_HOME)"
+            raise SparkUnavailableError(msg) from exc
+        try:
+            spark.sparkContext.setLogLevel("ERROR")
+            yield spark
+        finally:
+            spark.stop()

@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""Throughput of ``agiledart analyze`` (issue 9): trace rows per second on local[2].
+
+Writes ``--rows`` trace lines (default 10 million) of a realistic mix, straight as
+NDJSON text (string formatting over numpy columns, no json.dumps per line): about 45%
+``tuple``, 25% ``shuffle``, 15% ``delivery``, 10% ``opstats`` and the rest
+``scaling``, ``checkpoint``, ``peer``, ``scheduler``, ``recovery`` and ``placement``,
+spread over 8 peer folders and files of at most 1 million lines, each starting with a
+``meta`` line. Then it runs the whole analysis (every table, plot and the report) in a
+Spark session started beforehand, and reports rows per second next to the anchor, the
+issue's target of 200,000 rows/s. ``startup_s`` (the Spark session) and ``write_s``
+(making the data) are reported apart and not counted.
+
+    python scripts/bench_analyze.py [--rows N] [--json] [--dir DIR] [--keep]
+
+With ``--json`` the last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ANCHOR_ROWS_PER_S = 200_000
+PEERS = 8
+FILE_LINES = 1_000_000
+CHUNK = 500_000
+T0 = 1_767_225_600_000.0  # 2026-01-01, ms
+SECONDS = 600.0
+POLICIES = ("agiledart", "end-to-end", "next-hop")
+MIX = (
+    ("tuple", 0.45),
+    ("shuffle", 0.25),
+    ("delivery", 0.15),
+    ("opstats", 0.10),
+    ("scaling", 0.02),
+    ("checkpoint", 0.01),
+    ("peer", 0.01),
+    ("scheduler", 0.005),
+    ("recovery", 0.004),
+    ("placement", 0.001),
+)
+
+
+def _head(kind: str, ts: np.ndarray, peer: np.ndarray) -> list[str]:
+    return [
+        f'{{"v":1,"type":"{kind}","ts":{t:.3f},"peer":"peer-{p}"'
+        for t, p in zip(ts.tolist(), peer.tolist(), strict=True)
+    ]
+
+
+def _lines(
+    kind: str, ts: np.ndarray, peer: np.ndarray, first: int, rng: np.random.Generator
+) -> list[str]:
+    """Lines of record type ``kind`` at times ``ts`` by ``peer``; ``first`` numbers them."""
+    n = len(ts)
+    head = _head(kind, ts, peer)
+    i = np.arange(first, first + n).tolist()
+    if kind == "tuple":
+        lat = rng.gamma(2.0, 8.0, n).round(3).tolist()
+        app = rng.integers(0, 3, n).tolist()
+        body = [
+            f',"app":"app-{a}","sink":"out","trace_id":{k},"source_ts":{t - x:.3f},'
+            f'"sink_ts":{t:.3f},"latency_ms":{x}}}'
+            for a, k, t, x in zip(app, i, ts.tolist(), lat, strict=True)
+        ]
+    elif kind == "shuffle":
+        hop = rng.integers(0, 6, n).tolist()
+        ok = rng.random(n) < 0.7
+        pol = rng.integers(0, len(POLICIES), n).tolist()
+        body = [
+            f',"app":"app-0","packet":"{k // 5}","origin":"n0","dest":"n24","hop":{h},'
+            f'"node":"n{h}","next":"n{h + 1}","outcome":"{"ok" if o else "lost"}",'
+            f'"delay_ms":10.0,"policy":"{POLICIES[p]}","graph":"road-25","tau":{k // 5 + 1},'
+            f'"omega":null,"j":null}}'
+            for k, h, o, p in zip(i, hop, ok.tolist(), pol, strict=True)
+        ]
+    elif kind == "delivery":
+        delay = (rng.geometric(0.2, n) * 50.0).tolist()
+        route = rng.integers(0, 4, n).tolist()
+        body = [
+            f',"app":"app-0","packet":"{k}","origin":"n0","dest":"n24",'
+            f'"k":{k // 3 + 1},"path":["n0","n{r + 1}","n{r + 7}","n24"],"attempts":{d / 10.0:.0f},'
+            f'"delay_ms":{d},"optimal_ms":{150.0 + 30.0 * (k % 3)},'
+            f'"policy":"{POLICIES[k % 3]}","graph":"road-25"}}'
+            for k, d, r in zip(i, delay, route, strict=True)
+        ]
+    elif kind == "opstats":
+        op = rng.integers(0, 6, n).tolist()
+        body = [
+            f',"app":"app-{o % 3}","operator":"op-{o}","records_in":{k * 40},'
+            f'"records_out":{k * 38},"rate_in":{40.0 + o},"queue":{k % 17},'
+            f'"utilization":{(k % 10) / 10.0},"service_us":12.5}}'
+            for k, o in zip(i, op, strict=True)
+        ]
+    elif kind == "scaling":
+        body = [
+            f',"app":"app-0","operator":"op-{k % 6}","health":{0.5 + (k % 50) / 100.0},'
+            f'"instances":{1 + k % 4},"target":{1 + (k + 1) % 4},"decision":"up"}}'
+            for k in i
+        ]
+    elif kind == "checkpoint":
+        body = [
+            f',"app":"app-{k % 3}","epoch":{k},"bytes":{4096 + k % 1000},'
+            f'"duration_ms":{5.0 + k % 7},"m":3,"k":2,"committed":true}}'
+            for k in i
+        ]
+    elif kind == "peer":
+        body = [
+            f',"event":"{("joined", "suspected", "dead")[k % 3]}","subject":"peer-{k % PEERS}",'
+            f'"node_id":"{k:040x}","zone":"z{k % 2}"}}'
+            for k in i
+        ]
+    elif kind == "scheduler":
+        body = [
+            f',"zone":"z{k % 2}","scheduler":"peer-{k % 4}","event":"elected","apps":{k % 5}}}'
+            for k in i
+        ]
+    elif kind == "recovery":
+        body = [
+            f',"app":"app-{k % 3}","dead_peer":"peer-{k % PEERS}","epoch":{k},'
+            f'"phase":"{("detected", "restored", "resumed")[k % 3]}","duration_ms":{k % 90},'
+            f'"operators":["op-1","op-2"]}}'
+            for k in i
+        ]
+    elif kind == "placement":
+        body = [
+            f',"app":"app-{k % 3}","name":"app","strategy":"agiledart",'
+            f'"placement":{{"op-1":["peer-{k % PEERS}"],"op-2":["peer-{(k + 1) % PEERS}"]}},'
+            f'"paths":[["peer-0","peer-{k % PEERS}"]]}}'
+            for k in i
+        ]
+    else:
+        raise AssertionError(kind)
+    return [h + b + "\n" for h, b in zip(head, body, strict=True)]
+
+
+class _Files:
+    """One open trace file per peer folder, rotated every :data:`FILE_LINES` lines."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.files: dict[int, tuple[Any, int, int]] = {}  # peer -> (file, index, lines)
+        self.lines = 0
+
+    def write(self, peer: int, line: str) -> None:
+        fh, index, lines = self.files.get(peer, (None, 0, FILE_LINES))
+        if lines >= FILE_LINES:
+            if fh is not None:
+                fh.close()
+            index += 1
+            folder = self.directory / f"peer-{peer}"
+            folder.mkdir(parents=True, exist_ok=True)
+            fh = (folder / f"trace-{index:06d}.ndjson").open("w")
+            fh.write(
+                f'{{"v":1,"type":"meta","ts":{T0},"peer":"peer-{peer}","schema":1,'
+                f'"version":"bench","node_id":null,"zone":"z{peer % 2}"}}\n'
+            )
+            lines = 1
+            self.lines += 1
+        fh.write(line)
+        self.files[peer] = (fh, index, lines + 1)
+        self.lines += 1
+
+    def close(self) -> None:
+        for fh, _, _ in self.files.values():
+            fh.close()
+
+
+def write_traces(directory: Path, rows: int, seed: int = 0) -> int:
+    """Write about ``rows`` lines (meta lines included) under ``directory``; return the count.
+
+    Made a chunk of :data:`CHUNK` lines at a time, each chunk a later slice of the
+    trace's time, so memory stays small and every file is in time order.
+    """
+    rng = np.random.default_rng(seed)
+    chunks = max(1, -(-rows // CHUNK))
+    span = SECONDS * 1000.0 / chunks
+    first = dict.fromkeys((kind for kind, _ in MIX), 0)
+    out = _Files(directory)
+    try:
+        for c in range(chunks):
+            size = min(CHUNK, rows - c * CHUNK)
+            times, peers, lines = [], [], []
+            for kind, share in MIX:
+                n = max(1, round(size * share))
+                ts = np.sort(T0 + (c + rng.random(n)) * span)
+                peer = rng.integers(0, PEERS, n)
+                lines += _lines(kind, ts, peer, first[kind], rng)
+                first[kind] += n
+                times.append(ts)
+                peers.append(peer)
+            order = np.argsort(np.concatenate(times), kind="stable").tolist()
+            peer_of = np.concatenate(peers).tolist()
+            for j in order:
+                out.write(peer_of[j], lines[j])
+    finally:
+        out.close()
+    return out.lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=10_000_000, help="trace lines to analyze")
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    parser.add_argument("--dir", type=Path, help="write the traces here (default: a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the traces and the report")
+    parser.add_argument("--master", help="Spark master (default local[2])")
+    parser.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--traces", type=Path, help="analyze these traces instead of writing new ones"
+    )
+    args = parser.parse_args()
+
+    from agiledart.analysis import analyze
+    from agiledart.analysis.session import spark_session
+
+    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-analyze-"))
+    traces, out = work / "traces", work / "report"
+    try:
+        started = time.perf_counter()
+        if args.traces is not None:
+            traces = args.traces
+            rows = sum(1 for f in traces.rglob("trace-*.ndjson") for _ in f.open("rb"))
+        else:
+            rows = write_traces(traces, args.rows, args.seed)
+        write_s = time.perf_counter() - started
+        size = sum(f.stat().st_size for f in traces.rglob("*.ndjson"))
+        print(f"wrote {rows} lines ({size / 1e6:.0f} MB) in {write_s:.1f} s", file=sys.stderr)
+        started = time.perf_counter()
+        conf = dict(kv.split("=", 1) for kv in args.conf)
+        with spark_session(args.master, conf) as spark:
+            startup_s = time.perf_counter() - started
+            started = time.perf_counter()
+            result = analyze(traces, out, spark=spark)
+            seconds = time.perf_counter() - started
+        print(f"analyzed {result.lines} lines in {seconds:.1f} s", file=sys.stderr)
+        report: dict[str, Any] = {
+            "rows_per_s": round(rows / seconds),
+            "anchor_rows_per_s": ANCHOR_ROWS_PER_S,
+            "rows": rows,
+            "seconds": round(seconds, 2),
+            **result.timings,
+            "startup_s": round(startup_s, 2),
+            "write_s": round(write_s, 2),
+            "megabytes": round(size / 1e6, 1),
+            "malformed": result.malformed_total,
+            "master": args.master or "local[2]",
+            "cpus": os.cpu_count(),
+        }
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"{report['rows_per_s']} rows/s (target {ANCHOR_ROWS_PER_S})")
+    if args.json:
+        print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
