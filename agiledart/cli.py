@@ -117,6 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--name", default="", help="this peer's name (default HOSTNAME:PORT)")
     p.add_argument("--zone", default="default", help="scheduling zone (default 'default')")
+    p.add_argument(
+        "--scheduling",
+        choices=["zones", "central", "local"],
+        default="zones",
+        help="who schedules submitted apps: the zone's schedulers (default), one "
+        "central FCFS master (--master; the paper's baseline), or the receiving peer",
+    )
+    p.add_argument("--master", default="", metavar="NAME", help="the master peer (central)")
     p.add_argument("--advertise", metavar="HOST", help="address other peers should use")
     p.add_argument(
         "--state-dir",
@@ -296,6 +304,8 @@ def _cmd_peer(args: argparse.Namespace) -> int:
         dashboard_host=args.dashboard_host,
         advertise=args.advertise,
         links=args.links,
+        scheduling=args.scheduling,
+        master=args.master,
     )
     key = _key(args)
     if key.insecure:

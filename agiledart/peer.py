@@ -29,9 +29,11 @@ from agiledart.overlay.config import OverlayConfig
 from agiledart.overlay.errors import ConfigError
 from agiledart.overlay.node import Delivery, OverlayNode
 from agiledart.overlay.tcp import ConnectionInfo, FrameServer
+from agiledart.runtime.central import CentralMaster
 from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.links import Links
 from agiledart.runtime.service import AppRuntime
+from agiledart.runtime.zoning import ZoneAgent
 from agiledart.traces import NullTraceWriter, TraceWriter
 
 if TYPE_CHECKING:
@@ -78,6 +80,10 @@ class PeerConfig:
     dashboard_host: str = "127.0.0.1"
     advertise: str | None = None
     links: Path | None = None  #: emulated link model (docs/bandit-graphs.md format)
+    #: who schedules submitted apps: ``zones`` (zone schedulers, paper §VI), ``local``
+    #: (the peer receiving the submit), ``central`` (the ``master`` peer, FCFS baseline)
+    scheduling: str = "zones"
+    master: str = ""  #: the master's peer name, with ``scheduling="central"``
     overlay: OverlayConfig = field(default_factory=OverlayConfig)
 
 
@@ -115,6 +121,9 @@ class Peer:
             link_model=self.link_model,
             trace=self.trace,
         )
+        self.zoning: ZoneAgent | None = None
+        self.central: CentralMaster | None = None
+        self._setup_scheduling()
         self._joined = asyncio.Event()
         self.frames.route("ring", self._ring)
         self.frames.route("route", self._route)
@@ -146,6 +155,10 @@ class Peer:
         await self.trace.start()
         self._group.create_task(self._join_loop())
         self.runtime.start(self._group, self._joined)
+        if self.zoning is not None:
+            self._group.create_task(self.zoning.gossip_loop())
+        if self.central is not None and self.central.is_master:
+            self._group.create_task(self.central.run())
         log.info("peer %s (%s) listening on %s:%d", self.name, ids.short(self.node_id), host, port)
         return self
 
@@ -181,6 +194,44 @@ class Peer:
             except OSError:
                 return "127.0.0.1"
         return host
+
+    def _setup_scheduling(self) -> None:
+        """Zone schedulers or the central master take over ``submit`` (see PeerConfig)."""
+        mode, runtime = self.config.scheduling, self.runtime
+        if mode == "zones":
+            self.zoning = ZoneAgent(
+                name=self.name,
+                zone=self.config.zone,
+                overlay=self.overlay,
+                links=self.links,
+                records=runtime.records,
+                scheduler=runtime.scheduler,
+                hosted=lambda: len(runtime.instances),
+                trace=self.trace,
+            )
+            handlers = self.zoning.handlers()
+            runtime.submitter = self.zoning.submit
+            runtime.adopter = self.zoning.adopt
+        elif mode == "central":
+            if not self.config.master:
+                msg = "--scheduling central needs --master NAME (the master peer)"
+                raise ConfigError(msg)
+            self.central = CentralMaster(
+                name=self.name,
+                master=self.config.master,
+                scheduler=runtime.scheduler,
+                links=self.links,
+                resolve=runtime.resolve,
+            )
+            handlers = self.central.handlers()
+            runtime.submitter = self.central.submit
+        elif mode == "local":
+            return
+        else:
+            msg = f"--scheduling must be zones, central or local, not {mode!r}"
+            raise ConfigError(msg)
+        for type, handler in handlers.items():
+            self.frames.route(type, handler)
 
     async def _join_loop(self) -> None:
         """Join through the bootstrap peers, retrying with back-off until one answers
@@ -238,6 +289,7 @@ class Peer:
             "node_id": f"{self.node_id:040x}",
             "address": f"{node.address[0]}:{node.address[1]}",
             "zone": self.config.zone,
+            "scheduling": self._scheduling_info(),
             "peers": [
                 {
                     "name": c.name,
@@ -266,6 +318,13 @@ class Peer:
             if self.trace.enabled
             else None,
         }
+
+    def _scheduling_info(self) -> dict[str, Any]:
+        if self.zoning is not None:
+            return {"mode": "zones", **self.zoning.info()}
+        if self.central is not None:
+            return self.central.info()
+        return {"mode": "local"}
 
     async def _ring(self, request: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:
         return self.ring_info()
