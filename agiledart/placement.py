@@ -31,6 +31,10 @@ them (:class:`PeerInfo`). :func:`place` is a pure function of those values:
 Everything is deterministic: inputs are visited in sorted order and ties are broken
 by name. Impossible inputs raise :class:`PlacementError` naming what is wrong.
 RTTs are carried but not used here: the routing already chose low-RTT hops.
+
+This is the default strategy, ``join-routing``; the app spec's ``placement`` picks
+another (RTR, RTR+RP, cloud-only, load balancing) from :mod:`agiledart.strategies`,
+which returns the same :class:`Placement`.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ class PeerInfo:
 
 _NO_PATHS: Mapping[PathKey, tuple[str, ...]] = MappingProxyType({})
 _NO_NODES: Mapping[str, str] = MappingProxyType({})
+_NO_ESTIMATES: Mapping[PathKey, float] = MappingProxyType({})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -98,6 +103,11 @@ class Placement:
     #: peers to deploy on, sink side first (reversed paths; leaf-set hosts before
     #: the path node they hang off)
     deploy_order: tuple[str, ...] = ()
+    #: the strategy that made it (the app spec's ``placement``)
+    strategy: str = "join-routing"
+    #: modelled response time of each path, ms (model-based strategies only;
+    #: :mod:`agiledart.strategies`); inf where a host or link cannot keep up
+    estimate_ms: Mapping[PathKey, float] = field(default_factory=lambda: _NO_ESTIMATES)
 
     def peer_of(self, node_id: str) -> str:
         """The (first) peer running source, operator or sink ``node_id``."""

@@ -147,7 +147,9 @@ class Relay:
         self._k[dest] = k
         self._addresses[dest] = address
         packet = {
-            "i": f"{self.name}~{self._incarnation}~{k}",
+            # unique per origin: k counts per destination, so the id names it too (a
+            # relay that was once a destination must not take this for a copy)
+            "i": f"{self.name}~{self._incarnation}~{dest}~{k}",
             "a": app,
             "f": flow,
             "q": seq,
