@@ -205,6 +205,21 @@ def _print_status(s: dict[str, Any]) -> None:
         print(f"  sink {sink} @ {peer}")
     for path in s.get("paths", []):
         print(f"  path: {' -> '.join(path)}")
+    for op, view in s.get("scaling", {}).items():
+        for peer, here in view.get("peers", {}).items():
+            last = here.get("last") or {}
+            if last:
+                print(
+                    f"  scaling {op} @ {peer}: {here.get('instances')} instance(s), "
+                    f"health {last.get('health')}, last decision {last.get('action')}"
+                    + ("" if last.get("enabled") else " (scaling not enabled)")
+                )
+    for event in s.get("rescales", []):
+        print(
+            f"  {event.get('action')} of {', '.join(event.get('operators', []))} from "
+            f"{event.get('from')} to {event.get('to') or '-'}"
+            + (f" (refused: {event['refused']})" if event.get("refused") else "")
+        )
     if t:
         lat = t.get("latency_p50_ms")
         print(

@@ -23,6 +23,7 @@ from agiledart.app.graph import find_cycle, reaches
 from agiledart.app.nodes import ID_RE, NodeParser
 from agiledart.app.schema import (
     CHECKPOINT_PARAMS,
+    SCALING_PARAMS,
     check_params,
     check_plain,
     did_you_mean,
@@ -32,12 +33,22 @@ from agiledart.app.spec import (
     PLACEMENTS,
     AppSpec,
     CheckpointSpec,
+    ScalingSpec,
     freeze,
 )
 
 __all__ = ["ID_RE", "load_spec", "parse_spec"]
 
-_TOP_KEYS = ("name", "sources", "operators", "sinks", "placement", "checkpoint", "params")
+_TOP_KEYS = (
+    "name",
+    "sources",
+    "operators",
+    "sinks",
+    "placement",
+    "checkpoint",
+    "params",
+    "scaling",
+)
 
 Overrides = Iterable[str] | Mapping[str, Any]
 
@@ -105,6 +116,7 @@ class _Parser(NodeParser):
             hint = did_you_mean(str(placement), PLACEMENTS)
             self.add("placement", f"unknown placement {placement!r}{hint}; use one of {PLACEMENTS}")
         checkpoint = self.checkpoint(body.get("checkpoint"))
+        scaling = self.scaling(body.get("scaling"))
         sources = [self.source(i, s) for i, s in enumerate(self.section(body, "sources"))]
         operators = [self.operator(i, o) for i, o in enumerate(self.section(body, "operators"))]
         sinks = [self.sink(i, s) for i, s in enumerate(self.section(body, "sinks"))]
@@ -119,6 +131,7 @@ class _Parser(NodeParser):
             placement=str(placement),
             checkpoint=checkpoint,
             params=freeze(params),
+            scaling=scaling,
         )
 
     def app_params(self, raw: Any) -> dict[str, Any]:
@@ -156,6 +169,25 @@ class _Parser(NodeParser):
             return CheckpointSpec(**vals)
         except TypeError:  # pragma: no cover - check_params filled every field
             return CheckpointSpec()
+
+    def scaling(self, raw: Any) -> ScalingSpec:
+        if raw is None:
+            return ScalingSpec()
+        if not isinstance(raw, Mapping):
+            self.add("scaling", "must be a mapping, e.g. {enabled: true, target: 0.9}")
+            return ScalingSpec()
+        vals = check_params(raw, SCALING_PARAMS, "scaling", self.problems, owner="scaling")
+        target, tol = vals.get("target", 0.9), vals.get("tolerance", 0.05)
+        if "target" in vals and not target > 0:
+            self.add("scaling.target", f"must be a health score in (0, 1), got {target!r}")
+            return ScalingSpec()
+        if "target" in vals and "tolerance" in vals and not target - tol > 0:
+            self.add("scaling.tolerance", f"must be below target ({target}), got {tol!r}")
+            return ScalingSpec()
+        try:
+            return ScalingSpec(**vals)
+        except TypeError:  # pragma: no cover - check_params filled every field
+            return ScalingSpec()
 
     def section(self, body: Mapping[str, Any], key: str) -> list[Any]:
         raw = body.get(key)

@@ -22,6 +22,7 @@ __all__ = [
     "CHECKPOINT_PARAMS",
     "DATASET_PARAMS",
     "OPERATOR_PARAMS",
+    "SCALING_PARAMS",
     "SINK_PARAMS",
     "SOURCE_PARAMS",
     "Param",
@@ -219,6 +220,16 @@ CHECKPOINT_PARAMS: tuple[Param, ...] = (
     _p("mode", "enum", default="auto", choices=CHECKPOINT_MODES),
     _p("m", "posint", default=3),
     _p("k", "nonnegint", default=2),
+)
+#: the ``scaling:`` block (agiledart.app.spec.ScalingSpec)
+SCALING_PARAMS: tuple[Param, ...] = (
+    _p("enabled", "bool", default=False),
+    _p("target", "fraction", default=0.9),
+    _p("tolerance", "fraction", default=0.05),
+    _p("max_instances", "posint", default=4),
+    _p("cooldown_ms", "nonnegint", default=5_000, **_MS),
+    _p("interval_ms", "posint", default=1_000, **_MS),
+    _p("latency_ms", "posint", default=5_000, **_MS),
 )
 
 

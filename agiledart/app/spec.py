@@ -32,6 +32,7 @@ __all__ = [
     "AppSpec",
     "CheckpointSpec",
     "OperatorSpec",
+    "ScalingSpec",
     "SinkSpec",
     "SourceSpec",
     "freeze",
@@ -58,7 +59,8 @@ AGGREGATES = ("count", "sum", "mean", "min", "max")
 SOURCE_CONNECTORS = ("generator", "file", "mqtt")
 SINK_CONNECTORS = ("file", "mqtt", "stdout", "discard")
 DATASETS = ("urban", "taxi", "words", "counter")
-PLACEMENTS = ("join-routing", "random")
+#: Placement strategies (agiledart.strategies): JOIN routing, RTR, RTR+RP and baselines.
+PLACEMENTS = ("join-routing", "rtr", "rtr-rp", "cloud-only", "lb", "random")
 DEFAULT_PLACEMENT = "join-routing"
 CHECKPOINT_MODES = ("auto", "restart", "erasure", "replication")
 #: Sliding windows: at most this many windows hold one record (size_ms / slide_ms) ...
@@ -172,6 +174,37 @@ class CheckpointSpec:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ScalingSpec:
+    """Elastic scaling (DESIGN §3.7, §4; paper §IV-C): the ``scaling:`` block.
+
+    Off unless ``enabled``; the health score and the controllers' would-be decisions
+    are reported either way. ``target`` is f*, ``max_instances`` bounds the instances
+    of one operator on one peer, ``cooldown_ms`` separates two changes, and the
+    controllers decide every ``interval_ms``; a backlog should drain within
+    ``latency_ms`` (the health model's L).
+    """
+
+    enabled: bool = False
+    target: float = 0.9
+    tolerance: float = 0.05
+    max_instances: int = 4
+    cooldown_ms: int = 5_000
+    interval_ms: int = 1_000
+    latency_ms: int = 5_000  #: a backlog should drain within this (the health model's L)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "latency_ms": self.latency_ms,
+            "enabled": self.enabled,
+            "target": self.target,
+            "tolerance": self.tolerance,
+            "max_instances": self.max_instances,
+            "cooldown_ms": self.cooldown_ms,
+            "interval_ms": self.interval_ms,
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class AppSpec:
     """A validated application: the dataflow as a value."""
 
@@ -182,6 +215,7 @@ class AppSpec:
     placement: str = DEFAULT_PLACEMENT
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     params: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    scaling: ScalingSpec = field(default_factory=ScalingSpec)
 
     def node(self, node_id: str) -> SourceSpec | OperatorSpec | SinkSpec:
         """The source, operator or sink called ``node_id`` (KeyError if none)."""
@@ -215,6 +249,8 @@ class AppSpec:
         }
         if self.params:
             d["params"] = thaw(self.params)
+        if self.scaling != ScalingSpec():
+            d["scaling"] = self.scaling.to_dict()
         d["sources"] = [s.to_dict() for s in self.sources]
         d["operators"] = [o.to_dict() for o in self.operators]
         d["sinks"] = [s.to_dict() for s in self.sinks]

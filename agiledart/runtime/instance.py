@@ -62,6 +62,7 @@ from agiledart.overlay.errors import MalformedError, OverlayError
 from agiledart.runtime.checkpoints import CheckpointError, Holder, Uplink, load, save
 from agiledart.runtime.code import code_ids_in
 from agiledart.runtime.connectors import Sink, SourceConnector, open_sink, open_source
+from agiledart.runtime.elastic import ElasticDriver
 from agiledart.runtime.epochs import Alignment, Channel
 from agiledart.runtime.errors import PeerLost
 from agiledart.runtime.execution import EngineConfig
@@ -69,6 +70,13 @@ from agiledart.runtime.execution.engines import Engine, InlineEngine, Unit
 from agiledart.runtime.links import Address, Links
 from agiledart.runtime.metrics import InstanceMeter, LatencyHistogram, quantile
 from agiledart.runtime.mqtt import BrokerPool, MqttSink
+from agiledart.runtime.replicas import (
+    PARTITIONABLE_STATE,
+    combine,
+    merge_snapshots,
+    split_records,
+    split_snapshot,
+)
 
 if TYPE_CHECKING:
     from agiledart.runtime.relay import Relay
@@ -179,6 +187,7 @@ class EdgeStatistics:
     records: int = 0
     batches: int = 0
     credit_waits: int = 0
+    wait_s: float = 0.0  #: time spent waiting for credit or the emulated uplink
 
 
 class OutEdge:
@@ -197,9 +206,11 @@ class OutEdge:
         spawn: Callable[[Awaitable[None]], Any],
         relay: Relay | None = None,
         generation: int = 0,
+        uplink: Uplink | None = None,
     ) -> None:
         self.app_id = app_id
         self.generation = generation
+        self.uplink = uplink  #: the peer's emulated upload rate, which data shares
         self.relay = relay
         #: a relayed edge fills its batches for a link slot: every packet costs attempts
         self.linger_s = (
@@ -269,14 +280,21 @@ class OutEdge:
                 self._timer = None
 
     async def _send_batch(self, records: list[Record], traces: list[list[Any]]) -> None:
-        while not self.window.can_send():
-            self.stats.credit_waits += 1
-            self._credit.clear()
-            await self._credit.wait()
+        if not self.window.can_send():
+            started = time.monotonic()
+            while not self.window.can_send():
+                self.stats.credit_waits += 1
+                self._credit.clear()
+                await self._credit.wait()
+            self.stats.wait_s += time.monotonic() - started
         self.window.consume()
         batch: dict[str, Any] = {"e": self.id, "s": self._seq, "r": records}
         if traces:
             batch["t"] = traces
+        if self.uplink is not None:  # the emulated link: the batch takes its time
+            started = time.monotonic()
+            await self.uplink.send(len(msgpack.packb(batch)))
+            self.stats.wait_s += time.monotonic() - started
         self._seq += 1
         body = {"a": self.app_id, "p": self.producer, "b": batch, "g": self.generation}
         if self.relay is not None:
@@ -407,6 +425,21 @@ class Segment:
         self.meter = InstanceMeter(time.monotonic())
         self.align = Alignment(())  #: checkpoint barriers of its input channels
         self.held: list[_Item] = []  #: items of channels waiting for the others' barrier
+        #: the replicas of a scaled-up operator (agiledart.runtime.replicas); [unit]
+        self.units: list[Unit] = []
+        self.scalable = False  #: whether the operator may run as several replicas here
+        self.split_field: str | None = None  #: what splits a batch over the replicas
+        self.resize_to: int | None = None  #: a change of the replica count, asked for
+        self.resized = asyncio.Event()  #: set when a resize asked for is done
+        #: counters for the scaling controller (agiledart.runtime.elastic), cumulative
+        self.arrived = 0  #: records put in the inbox
+        self.executed = 0  #: records executed
+        self.service_s = 0.0  #: execution time, summed over the replicas
+        self.retired: dict[str, dict[str, int]] = {}  #: counters of replicas gone
+
+    @property
+    def replicas(self) -> int:
+        return max(1, len(self.units))
 
     def oldest_s(self, now: float) -> float | None:
         return now - self.inbox[0].queued_at if self.inbox else None
@@ -434,6 +467,7 @@ class AppInstance:
         on_checkpoint: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
         holders: Callable[[int], list[Holder]] | None = None,
         uplink: Uplink | None = None,
+        on_scaling: Callable[[dict[str, Any]], Awaitable[Any]] | None = None,
     ) -> None:
         self.deployment = d = deployment
         self.restore = d.restore or {}
@@ -467,6 +501,7 @@ class AppInstance:
         self.parallel = {n for n, peers in d.hosts.items() if len(peers) > 1}
         self.partition_key = {n: _partition_key(spec, n) for n in self.parallel}
         self.engine = engine or InlineEngine(EngineConfig(workers=0), state_dir / "code")
+        self.resolve = resolve
         self.segments: list[Segment] = []
         self.segment_of: dict[str, Segment] = {}
         alone = self.parallel if self.engine.chains else set(self.local_ops)
@@ -482,6 +517,8 @@ class AppInstance:
             seg.unit = self.engine.unit(
                 app_id=self.app_id, uid=uid, executor=seg.executor, queue=seg
             )
+            seg.units = [seg.unit]
+            seg.scalable, seg.split_field = _replicable(spec, ops, chained=self.engine.chains)
             self.segments.append(seg)
             for op in ops:
                 self.segment_of[op] = seg
@@ -550,6 +587,9 @@ class AppInstance:
                             targets.append(next(e for e in self.edges[producer] if e.dest == peer))
                     self.groups.setdefault(producer, []).append((node_id, targets))
         self._split = {e for es in self.groups.values() for _, ts in es for e in ts}
+        self._next_uid = len(self.segments)  #: the next replica's unit id
+        #: the scaling controllers of the operators here (agiledart.runtime.elastic)
+        self.elastic = ElasticDriver(self, spec.scaling, trace=trace, request=on_scaling)
         self.received: collections.Counter[str] = collections.Counter()
         self._partitioners: dict[int, KeyPartitioner] = {}
         #: producer -> local consumers of its batches from other peers: the consumers
@@ -586,6 +626,7 @@ class AppInstance:
             spawn=self._spawn,
             relay=self.relay if self.relay is not None and self.relay.carries(peer) else None,
             generation=self.generation,
+            uplink=self.uplink,
         )
         self.edge_by_id[f"{edge.id}>{peer}"] = edge
         return edge
@@ -626,6 +667,10 @@ class AppInstance:
             with contextlib.suppress(OSError):
                 state.sink.close()
 
+    def spawn(self, coro: Awaitable[None]) -> Any:
+        """Run ``coro`` as a child of the instance (cancelled with it)."""
+        return self._spawn(coro)
+
     def _spawn(self, coro: Awaitable[None]) -> Any:
         if self._group is None:
             close = getattr(coro, "close", None)
@@ -652,6 +697,7 @@ class AppInstance:
                     if isinstance(state.sink, MqttSink):  # its publisher
                         group.create_task(state.sink.run())
                 group.create_task(self._until_failed())  # sinks stay open until stopped
+                group.create_task(self.elastic.run())
         except* Exception as eg:
             leaves = _leaves(eg)
             exc = next((e for e in leaves if isinstance(e, PeerLost)), leaves[0])
@@ -765,7 +811,7 @@ class AppInstance:
         barrier, store the snapshot in the background, let the held input in."""
         assert seg.unit is not None
         if seg.unit.stateful and self.on_checkpoint is not None:
-            states = await self.engine.snapshot(seg.unit)
+            states = await self._snapshot(seg)
             stateful = sorted(o for o in seg.ops if self.spec.operator(o).stateful)
             blob = msgpack.packb({o: states[o] for o in stateful})
             self._spawn(self._save(seg, stateful, epoch, blob))
@@ -941,6 +987,7 @@ class AppInstance:
         last.records = last.records + item.records  # a new list: batches are shared
         last.traces = last.traces + item.traces if item.traces else last.traces
         seg.pending += len(item.records)
+        seg.arrived += len(item.records)
         return True
 
     # -- remote input -----------------------------------------------------------------
@@ -995,19 +1042,22 @@ class AppInstance:
     # -- segments ---------------------------------------------------------------------
 
     async def _segment_loop(self, seg: Segment) -> None:
-        unit = seg.unit
-        assert unit is not None
         while True:
-            while not seg.inbox:
+            while not seg.inbox and seg.resize_to is None:
                 seg.wake.clear()
                 await seg.wake.wait()
+            if seg.resize_to is not None:  # between two items: the replicas are idle
+                await self._resize(seg)
+                continue
+            unit = seg.unit
+            assert unit is not None
             item = seg.inbox[0]
             channel = (item.producer, item.sender)
             if seg.align.blocked(channel) and not item.offset:  # after its barrier: wait
                 seg.inbox.popleft()
                 seg.held.append(item)
                 continue
-            turn = unit.turn
+            turn = unit.turn if unit.turn is None else unit.turn * seg.replicas
             done = True
             if item.barrier is not None:
                 self._pop(seg)
@@ -1025,11 +1075,11 @@ class AppInstance:
                     self._pop(seg)
                 if take:
                     start = time.monotonic()
-                    emitted = await unit.feed(item.producer, chunk)
+                    emitted, service_s = await self._feed(seg, item.producer, chunk)
                     seg.pending -= take
                     end = time.monotonic()
                     seg.meter.executed(
-                        max(start, end - unit.service_s),
+                        max(start, end - service_s),
                         end,
                         take,
                         start - item.queued_at,
@@ -1053,6 +1103,89 @@ class AppInstance:
                         await edge.flush_idle()
             await asyncio.sleep(0)  # a full inbox must not starve the peer's other tasks
 
+    async def _feed(
+        self, seg: Segment, producer: str, records: list[Record]
+    ) -> tuple[list[Emission], float]:
+        """One turn of ``records``: on the segment's unit, or split over its replicas
+        (then run at once, on as many workers); the emissions and the turn's longest
+        execution time."""
+        seg.executed += len(records)
+        if seg.replicas == 1:
+            assert seg.unit is not None
+            out = await seg.unit.feed(producer, records)
+            seg.service_s += seg.unit.service_s
+            return out, seg.unit.service_s
+        parts = split_records(records, seg.replicas, seg.split_field)
+        busy = [(u, part) for u, part in zip(seg.units, parts, strict=True) if part]
+        outs = await asyncio.gather(*(u.feed(producer, part) for u, part in busy))
+        seg.service_s += sum(u.service_s for u, _ in busy)
+        return combine(outs), max((u.service_s for u, _ in busy), default=0.0)
+
+    # -- elastic scaling (agiledart.runtime.elastic, agiledart.runtime.replicas) ------
+
+    def resize(self, seg: Segment, replicas: int) -> asyncio.Event:
+        """Ask ``seg`` for ``replicas`` replicas; done between two of its items (the
+        event returned is set then)."""
+        if not seg.scalable:
+            msg = f"operator {'+'.join(seg.ops)} cannot run as several instances here"
+            raise ExecutionError(msg)
+        seg.resized.clear()
+        seg.resize_to = max(1, replicas)
+        seg.wake.set()
+        return seg.resized
+
+    async def _resize(self, seg: Segment) -> None:
+        target, seg.resize_to = seg.resize_to, None
+        try:
+            if target is not None and target != seg.replicas:
+                await self._set_replicas(seg, target)
+        finally:
+            seg.resized.set()
+
+    async def _set_replicas(self, seg: Segment, n: int) -> None:
+        """New replicas for ``seg``'s operator, its state re-split by key among them (a
+        stateless one's watermarks copied to each). The old replicas are dropped only
+        once the new ones are built: a factory that fails leaves the operator as it was."""
+        (op,) = seg.ops
+        old = list(seg.units)
+        primary = old[0]
+        if primary.stateful:
+            snaps = [await self.engine.snapshot(u) for u in old]
+            parts: list[bytes] = split_snapshot(merge_snapshots([s[op] for s in snaps]), n)
+        else:  # no state but its input watermarks, which the peer keeps
+            parts = [primary.executor.snapshot()[op]] * n
+        try:
+            executors = [
+                Executor(self.spec, self.resolve, operators=[op], states={op: part})
+                for part in parts
+            ]
+        except Exception as exc:  # user code (a factory): keep the replicas there are
+            log.warning("app %s: %s stays at %d instance(s): %s", self.app_id, op, len(old), exc)
+            return
+        for u in old:
+            for name, operator in u.executor.operators.items():
+                kept = seg.retired.setdefault(name, {})
+                for k, v in _op_stats(operator).items():
+                    kept[k] = kept.get(k, 0) + v
+            await self.engine.drop_unit(u)
+        units: list[Unit] = []
+        for ex, part in zip(executors, parts, strict=True):
+            unit = self.engine.unit(app_id=self.app_id, uid=self._next_uid, executor=ex, queue=seg)
+            self._next_uid += 1
+            unit.follow(primary, {op: part})
+            await self.engine.add_unit(unit)
+            units.append(unit)
+        seg.units, seg.unit, seg.executor = units, units[0], units[0].executor
+        log.info("app %s: %s now runs as %d instance(s) on %s", self.app_id, op, n, self.me)
+
+    async def _snapshot(self, seg: Segment) -> dict[str, bytes]:
+        """The states of ``seg``'s operators (its replicas' merged) for a checkpoint."""
+        assert seg.unit is not None
+        if seg.replicas == 1:
+            return await self.engine.snapshot(seg.unit)
+        snaps = [await self.engine.snapshot(u) for u in seg.units]
+        return {op: merge_snapshots([s[op] for s in snaps]) for op in snaps[0]}
+
     def _pop(self, seg: Segment) -> None:
         item = seg.inbox.popleft()
         item.popped = True
@@ -1064,7 +1197,11 @@ class AppInstance:
         assert seg.unit is not None
         tracker = seg.watermarks.setdefault(item.producer, {})
         merged = self._merged_wm(tracker, item.producer, item.sender, wm)
-        emitted = await seg.unit.watermark(item.producer, merged)
+        if seg.replicas == 1:
+            emitted = await seg.unit.watermark(item.producer, merged)
+        else:
+            outs = await asyncio.gather(*(u.watermark(item.producer, merged) for u in seg.units))
+            emitted = combine(outs)
         await self._forward(emitted, [(0, wall)], wall=wall)
         if wm >= FINAL_WATERMARK:  # the channel ended: alignment stops waiting for it
             epoch = seg.align.finish((item.producer, item.sender))
@@ -1188,9 +1325,12 @@ class AppInstance:
         now = time.monotonic()
         for seg in self.segments:
             load = seg.meter.reading(now).as_dict()  # shared by the group's operators
-            for name, op in seg.executor.operators.items():
+            last = self.elastic.last.get("+".join(seg.ops))
+            for name in seg.executor.operators:
                 ops[name] = {
-                    **_op_stats(op),
+                    **_seg_op_stats(seg, name),
+                    "instances": seg.replicas,
+                    "health": None if last is None else last["health"],
                     "queued": seg.pending,
                     "queued_batches": len(seg.inbox),
                     **load,
@@ -1212,6 +1352,7 @@ class AppInstance:
                 for e in es
             },
             "received": dict(self.received),
+            "scaling": self.elastic.view(),
         }
 
 
@@ -1242,12 +1383,22 @@ def _op_stats(op: Any) -> dict[str, Any]:
     return {k: v for k, v in op.stats.as_dict().items() if isinstance(v, int | float)}
 
 
+def _seg_op_stats(seg: Segment, name: str) -> dict[str, Any]:
+    """Counters of operator ``name`` over the segment's replicas, gone ones included."""
+    total = dict(seg.retired.get(name, {}))
+    for unit in seg.units:
+        for k, v in _op_stats(unit.executor.operators[name]).items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
 def _append(seg: Segment, item: _Item) -> None:
     item.queued_at = now = time.monotonic()
     if not seg.inbox:
         seg.meter.queued(now)
     seg.inbox.append(item)
     seg.pending += 1 if item.records is None else len(item.records)
+    seg.arrived += 0 if item.records is None else len(item.records)
     seg.last[(item.producer, item.sender)] = item
     seg.wake.set()
 
@@ -1317,6 +1468,21 @@ def _segments(spec: AppSpec, local: set[str], *, alone: set[str]) -> list[list[s
 
 _KEYED = ("window", "aggregate", "join", "dedupe")
 _STATELESS = ("map", "filter", "flat_map", "key_by", "union")
+
+
+def _replicable(spec: AppSpec, ops: list[str], *, chained: bool) -> tuple[bool, str | None]:
+    """Whether a segment of ``ops`` may run as several replicas on this peer (one
+    operator, on an engine with workers, stateless or with state kept per key), and
+    the field that splits its batches (None: contiguous runs)."""
+    if chained or len(ops) != 1:
+        return False, None
+    op = spec.operator(ops[0])
+    if op.op in _STATELESS:
+        return True, None
+    key = op.params.get("key")
+    if op.op in PARTITIONABLE_STATE and isinstance(key, str):
+        return True, key
+    return False, None
 
 
 def _partition_key(spec: AppSpec, op_id: str) -> str | None:

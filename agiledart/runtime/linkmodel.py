@@ -29,7 +29,8 @@ __all__ = ["LinkModel"]
 class LinkModel:
     graph: Graph
     #: every peer's upload rate, Mbit/s (the file's optional top-level
-    #: ``bandwidth_mbit``); it paces checkpoint fragment transfers. None: unlimited.
+    #: ``bandwidth_mbit``); it paces checkpoint fragment transfers and data batches
+    #: (agiledart.runtime.instance.OutEdge). None: unlimited.
     bandwidth_mbit: float | None = None
     _out: dict[str, dict[str, float]] = field(init=False, repr=False)
     _hops: dict[str, dict[str, int]] = field(init=False, repr=False, default_factory=dict)

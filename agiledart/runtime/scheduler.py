@@ -56,6 +56,8 @@ from agiledart.runtime.instance import Deployment
 from agiledart.runtime.links import Address, Links
 from agiledart.runtime.metrics import quantile
 from agiledart.runtime.records import Records, record_key
+from agiledart.strategies import place_with
+from agiledart.strategies.survey import LinkDelays, survey
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,8 @@ _RECORD_TYPES: dict[str, type | tuple[type, ...]] = {
     "recoveries": list,
     "checkpoint": (dict, type(None)),
     "checkpoints": int,
+    "rescales": list,
+    "strategy": str,
 }
 
 
@@ -128,6 +132,9 @@ class AppRecord:
     recoveries: list[dict[str, Any]] = field(default_factory=list)
     checkpoint: dict[str, Any] | None = None  #: the last committed epoch (see epochs.py)
     checkpoints: int = 0  #: epochs committed
+    #: scale-outs and migrations carried out (agiledart.runtime.elastic)
+    rescales: list[dict[str, Any]] = field(default_factory=list)
+    strategy: str = "join-routing"  #: the placement strategy used (spec ``placement``)
 
     def to_wire(self) -> dict[str, Any]:
         d = dict(vars(self))
@@ -179,8 +186,10 @@ class Scheduler:
         directory: PeerDirectory,
         stats_of: Callable[[str], Awaitable[dict[str, Any] | None]],
         trace: Tracer | None = None,
+        link_model: LinkDelays | None = None,
     ) -> None:
         self.name = name
+        self.link_model = link_model  #: the emulated network, for model-based placement
         self.trace = trace
         self.address = address
         self.records = records
@@ -274,20 +283,31 @@ class Scheduler:
     async def _deploy(
         self, rec: AppRecord, spec: AppSpec, where: dict[str, tuple[int, Address]]
     ) -> None:
-        seen: dict[str, Address] = {}
-        paths = await self._join_paths(rec.app_id, spec, where, seen)
-        infos, addresses = await self._path_peers(paths, seen)
+        if spec.placement == "join-routing":
+            seen: dict[str, Address] = {}
+            paths = await self._join_paths(rec.app_id, spec, where, seen)
+            infos, addresses = await self._path_peers(paths, seen)
+            placement = _place_somewhere(spec, paths, infos)
+        else:  # agiledart.strategies, over a survey of the ring
+            topology, addresses = await survey(
+                names=self.directory.names(),
+                pinned=sorted(where),
+                resolve=self.directory.resolve,
+                request=self.links.request,
+                link_model=self.link_model,
+            )
+            placement = place_with(spec.placement, spec, topology)
         for name, (_, addr) in where.items():
             addresses[name] = addr
-        placement = _place_somewhere(spec, paths, infos)
         rec.placement = {op: list(ps) for op, ps in placement.operators.items()}
         rec.paths = [list(p) for p in placement.paths.values()]
+        rec.strategy = placement.strategy
         if self.trace is not None:
             self.trace.emit(
                 "placement",
                 app=rec.app_id,
                 name=spec.name,
-                strategy="join-routing",
+                strategy=placement.strategy,
                 placement=rec.placement,
                 paths=rec.paths,
             )
@@ -604,6 +624,9 @@ class Scheduler:
             await self.records.add(record_key("scheduling", self.name), rec.app_id)
             async with self._recovering.setdefault(rec.app_id, asyncio.Lock()):
                 started = time.monotonic()
+                if dead not in rec.hosts():  # nothing of it ran there: it runs on
+                    await self._rebind(rec)
+                    continue
                 if dead in rec.sources.values() or dead in rec.sinks.values():
                     await self._fail(rec, f"peer {dead}, which hosts a source or sink, died")
                     continue
@@ -611,6 +634,22 @@ class Scheduler:
                     await self._restart_without(rec, dead, started)
                 except AgiledartError as exc:
                     await self._fail(rec, f"recovery from the loss of {dead} failed: {exc}")
+
+    async def _rebind(self, rec: AppRecord) -> None:
+        """An adopted app whose instances all live: record the new scheduler and tell
+        every host to report here; its checkpoints resume from here."""
+        await self._save(rec)
+        body = {"app_id": rec.app_id, "scheduler": list(self.address())}
+        await asyncio.gather(
+            *(self._quiet(_addr(rec, p), "app_rebind", body) for p in sorted(rec.addresses))
+        )
+        spec = parse_spec(rec.spec)
+        if _checkpointing(spec) is not None and rec.app_id not in self._cp_loops:
+            self._cp_loops[rec.app_id] = asyncio.ensure_future(self._checkpoint_loop(rec.app_id))
+
+    async def answers(self, rec: AppRecord, peer: str) -> bool:
+        """Whether ``peer``, a host of ``rec``, answers a ``ring`` request now."""
+        return await self._answers(rec, peer)
 
     async def _answers(self, rec: AppRecord, peer: str) -> bool:
         address = rec.addresses.get(peer)
@@ -728,6 +767,159 @@ class Scheduler:
             except OverlayError:
                 continue
             return name, address
+        return None
+
+    # -- elastic scaling (agiledart.runtime.elastic) -----------------------------------
+
+    async def rescale(
+        self,
+        app_id: str,
+        operators: Sequence[str],
+        action: str,
+        peer: str,
+        *,
+        generation: int,
+        reason: str = "",
+    ) -> bool:
+        """``peer``'s controller of ``operators`` asks for a scale-out (stateless: one
+        more instance on a leaf-set peer of it) or a migration (stateful: its instance
+        moves there, with its state). Carried out in the background; False if the app
+        or its generation is not (any more) the one asked about."""
+        rec = self.apps.get(app_id)
+        if (
+            rec is None
+            or rec.state not in LIVE_STATES
+            or generation != rec.generation
+            or action not in ("scale-out", "migrate")
+            or not operators
+            or any(peer not in rec.placement.get(op, ()) for op in operators)
+        ):
+            return False
+        cooldown = parse_spec(rec.spec).scaling.cooldown_ms / 1000.0
+        recent = [
+            e
+            for e in rec.rescales
+            if "refused" not in e
+            and set(e["operators"]) & set(operators)
+            and time.time() - float(e["at"]) < cooldown
+        ]
+        if recent:  # moved a moment ago: its new host has not settled yet
+            return False
+        self._spawn(self._rescale(app_id, list(operators), action, peer, generation, reason))
+        return True
+
+    async def _rescale(
+        self, app_id: str, ops: list[str], action: str, peer: str, generation: int, reason: str
+    ) -> None:
+        """Cut a checkpoint, then redeploy the app from it with ``ops`` on a leaf-set
+        peer of ``peer`` (the recovery path: sources replay from their offsets, file
+        sinks are cut back to what was committed, states restored where they run)."""
+        async with self._recovering.setdefault(app_id, asyncio.Lock()):
+            rec = self.apps.get(app_id)
+            if rec is None or rec.state not in LIVE_STATES or rec.generation != generation:
+                return
+            started = time.monotonic()
+            event: dict[str, Any] = {
+                "action": action,
+                "operators": ops,
+                "from": peer,
+                "reason": reason,
+                "at": time.time(),
+            }
+            target = await self._elastic_peer(rec, peer)
+            epoch = None if target is None else await self._cut_now(rec)
+            if target is None or epoch is None or rec.state not in LIVE_STATES:
+                event["refused"] = "no leaf-set peer free" if target is None else "no checkpoint"
+                rec.rescales.append(event)
+                await self._save(rec)
+                return
+            name, address = target
+            for op in ops:
+                peers = rec.placement[op]
+                rec.placement[op] = (
+                    [name if p == peer else p for p in peers]
+                    if action == "migrate"
+                    else [*peers, name]
+                )
+            addresses = {p: (str(a[0]), int(a[1])) for p, a in rec.addresses.items()}
+            addresses[name] = address
+            await self._undeploy(rec)
+            rec.generation += 1
+            self._sinks_done[app_id] = {}
+            self._pending.pop(app_id, None)
+            spec = parse_spec(rec.spec)
+            hosts: dict[str, tuple[str, ...]] = {s.id: (s.peer,) for s in spec.sources}
+            hosts |= {k.id: (k.peer,) for k in spec.sinks}
+            hosts |= {op: tuple(peers) for op, peers in rec.placement.items()}
+            assert rec.checkpoint is not None
+            plan = _restore_plan(rec.checkpoint, {})
+            if action == "migrate":  # the moved operators' states go with them
+                plan["states"] += [
+                    {**e, "peer": name}
+                    for e in plan["states"]
+                    if e["peer"] == peer and set(e["ops"]) & set(ops)
+                ]
+            for i, path in enumerate(rec.paths):
+                if action == "migrate" and peer not in rec.hosts():
+                    rec.paths[i] = _replaced(path, peer, name)
+            order = _consumers_first(spec, hosts)
+            try:
+                await self._install(rec, spec, hosts, addresses, order, restore=plan)
+            except AgiledartError as exc:
+                log.warning("app %s: %s to %s failed: %s", app_id, action, name, exc)
+                await self._fail(rec, f"{action} of {', '.join(ops)} to {name} failed: {exc}")
+                return
+            event |= {"to": name, "epoch": epoch, "seconds": round(time.monotonic() - started, 3)}
+            rec.rescales.append(event)
+            log.info("app %s: %s of %s from %s to %s", app_id, action, ops, peer, name)
+            await self._save(rec)
+
+    async def _elastic_peer(self, rec: AppRecord, peer: str) -> tuple[str, Address] | None:
+        """The closest leaf-set peer of ``peer`` that hosts nothing of ``rec`` and answers."""
+        try:
+            ring = await self.links.request(_addr(rec, peer), "ring", {}, timeout=5.0)
+        except OverlayError:
+            return None
+        known: dict[str, Address] = {}
+        for p in ring.get("peers", ()):
+            host, _, port = str(p.get("address", "")).rpartition(":")
+            if host and port.isdigit():
+                known[str(p.get("name"))] = (host, int(port))
+        busy = rec.hosts()
+        for name in ring.get("leaf_set", ()):
+            address = known.get(str(name))
+            if name in busy or address is None:
+                continue
+            try:
+                await self.links.request(address, "ring", {}, timeout=3.0)
+            except OverlayError:
+                continue
+            return str(name), address
+        return None
+
+    async def _cut_now(self, rec: AppRecord, timeout: float = 30.0) -> int | None:
+        """Cut an epoch now (after the one being cut, if any) and wait for its commit;
+        its number, or None if it did not commit in time."""
+        app_id = rec.app_id
+        deadline = time.monotonic() + timeout
+        for _ in range(int(timeout / 2 / 0.05)):  # an epoch being cut: after it
+            if app_id not in self._pending:
+                break
+            await asyncio.sleep(0.05)
+        first = 1 + int((rec.checkpoint or {}).get("epoch", 0))
+        epoch = max(self._next_epoch.get(app_id, first), first)
+        self._next_epoch[app_id] = epoch + 1
+        self._pending[app_id] = _Epoch(epoch, time.monotonic(), rec.generation)
+        body = {"app_id": app_id, "epoch": epoch, "generation": rec.generation}
+        peers = sorted(set(rec.sources.values()))
+        await asyncio.gather(*(self._quiet(_addr(rec, p), "app_barrier", body) for p in peers))
+        while time.monotonic() < deadline and rec.state in LIVE_STATES:
+            if (rec.checkpoint or {}).get("epoch", 0) >= epoch:
+                return epoch
+            await asyncio.sleep(0.05)
+        pending = self._pending.get(app_id)
+        if pending is not None and pending.epoch == epoch:
+            del self._pending[app_id]
         return None
 
     def _spawn(self, coro: Awaitable[None]) -> None:
@@ -919,6 +1111,7 @@ def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
         "error": rec.error,
         "scheduler": rec.scheduler_name,
         "placement": rec.placement,
+        "strategy": rec.strategy,
         "sources": rec.sources,
         "sinks": rec.sinks,
         "paths": [list(p) for p in paths],
@@ -928,6 +1121,8 @@ def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
         if rec.checkpoint is None
         else {k: rec.checkpoint[k] for k in ("epoch", "bytes", "store_s", "cut_s", "at")},
         "checkpoints": rec.checkpoints,
+        "scaling": _scaling_view(stats),
+        "rescales": rec.rescales,
         "totals": {
             "source_records": emitted,
             "sink_records": sum(s.get("records", 0) for s in sinks.values()),
@@ -943,6 +1138,23 @@ def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
         },
         "peers": _without_samples(stats),
     }
+
+
+def _scaling_view(stats: dict[str, Any]) -> dict[str, Any]:
+    """Per operator (group): its instances in all (summed over its peers) and each
+    hosting peer's controller view (agiledart.runtime.elastic)."""
+    out: dict[str, Any] = {}
+    for peer, peer_stats in sorted(stats.items()):
+        scaling = peer_stats.get("scaling") if isinstance(peer_stats, dict) else None
+        if not isinstance(scaling, dict):
+            continue
+        for op, view in scaling.items():
+            if not isinstance(view, dict):
+                continue
+            entry = out.setdefault(op, {"instances": 0, "peers": {}})
+            entry["instances"] += int(view.get("instances", 1))
+            entry["peers"][peer] = view
+    return out
 
 
 def _without_samples(stats: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ peer's frame server:
 * checkpoint fragments it holds for others: ``frag_put|frag_get|frag_drop|frag_held``;
 * peer-facing requests: ``kv_put|kv_add|kv_get`` (records store), ``join`` (route a
   JOIN for the scheduler), ``deploy``, ``start``, ``undeploy``, ``app_stats``,
-  ``app_sink_done``, ``app_failed``;
+  ``app_sink_done``, ``app_failed``, ``app_rebind`` (an adopted app's new scheduler);
 * data streams: ``data`` and ``wm`` in, ``credit`` back (on the outgoing links, or,
   for data relayed over an emulated network, on a connection of its own);
 * with a link model (``--links``): ``relay`` in, ``relay_ack`` back
@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +97,7 @@ class AppRuntime:
             directory=self,
             stats_of=self._stats_of,
             trace=self.trace,
+            link_model=link_model,
         )
         self.dropped: dict[str, int] = {
             "data_unknown_app": 0,
@@ -107,6 +108,12 @@ class AppRuntime:
         self._publisher: asyncio.Task[None] | None = None
         self._tracer: asyncio.Task[None] | None = None
         self._reports: set[asyncio.Task[None]] = set()
+        #: who schedules submits here (zone schedulers, a central master); None: this peer
+        self.submitter: Callable[[Any, list[str]], Awaitable[dict[str, Any]]] | None = None
+        #: who adopts a dead scheduler's apps when this peer is its closest neighbour
+        self.adopter: Callable[[str], Coroutine[Any, Any, None]] | None = None
+        #: apps whose scheduler changed since deployment (adopted): where reports go now
+        self.rebound: dict[str, Address] = {}
         for type, handler in self.records.handlers().items():
             frames.route(type, handler)
         #: checkpoint fragments this peer holds for others (agiledart.runtime.checkpoints)
@@ -136,6 +143,8 @@ class AppRuntime:
             "app_barrier": self._app_barrier,
             "app_peer_dead": self._app_peer_dead,
             "app_checkpoint": self._app_checkpoint,
+            "app_rebind": self._app_rebind,
+            "app_scale": self._app_scale,
         }
         for type, handler in routes.items():
             frames.route(type, handler)
@@ -281,6 +290,8 @@ class AppRuntime:
         if not isinstance(spec, str | dict) or not isinstance(overrides, list):
             msg = "submit needs 'spec' (YAML text or a map) and 'set' (a list of KEY=VALUE)"
             raise MalformedError(msg)
+        if self.submitter is not None:
+            return await self.submitter(spec, [str(o) for o in overrides])
         rec = await self.scheduler.submit(spec, [str(o) for o in overrides])
         return {"app_id": rec.app_id, "state": rec.state, "placement": rec.placement}
 
@@ -345,6 +356,7 @@ class AppRuntime:
                 on_checkpoint=lambda report: self._report_checkpoint(d, report),
                 holders=self._holders,
                 uplink=self.uplink,
+                on_scaling=lambda body: self._ask_scaling(d, body),
             )
         except AgiledartError:
             raise
@@ -371,6 +383,7 @@ class AppRuntime:
 
     async def _undeploy(self, req: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:
         inst = self.instances.pop(_app_id(req), None)
+        self.rebound.pop(_app_id(req), None)
         if inst is not None:
             self._manifest_changed()
             await inst.stop()
@@ -406,13 +419,28 @@ class AppRuntime:
     async def _report_done(self, d: Deployment, sink: str, info: dict[str, Any]) -> None:
         body = {"app_id": d.app_id, "sink": sink, "info": info, "generation": d.generation}
         if self._group is not None:
-            task = self._group.create_task(self._tell(d.scheduler, "app_sink_done", body))
+            to = self._scheduler_of(d)
+            task = self._group.create_task(self._tell(to, "app_sink_done", body))
             self._reports.add(task)
             task.add_done_callback(self._reports.discard)
 
     async def _report_failed(self, d: Deployment, error: str, lost: str | None) -> None:
         body = {"app_id": d.app_id, "error": error, "lost": lost, "generation": d.generation}
-        await self._tell(d.scheduler, "app_failed", body)
+        await self._tell(self._scheduler_of(d), "app_failed", body)
+
+    def _scheduler_of(self, d: Deployment) -> Address:
+        return self.rebound.get(d.app_id, d.scheduler)
+
+    async def _app_rebind(self, req: dict[str, Any], conn: ConnectionInfo) -> bool:
+        """The app's scheduler died and ``scheduler`` adopted it: report there now."""
+        app_id, to = _app_id(req), req.get("scheduler")
+        if not (isinstance(to, list) and len(to) == 2 and isinstance(to[0], str)):
+            msg = "app_rebind needs 'scheduler': [host, port]"
+            raise MalformedError(msg)
+        if type(to[1]) is not int or app_id not in self.instances:
+            return False
+        self.rebound[app_id] = (to[0], to[1])
+        return True
 
     async def _tell(self, address: Address, type: str, body: dict[str, Any]) -> None:
         for attempt in range(3):
@@ -440,16 +468,33 @@ class AppRuntime:
             return
         dead = event.contact
         jobs = [self.scheduler.peer_dead(dead.name)]
-        alive = [c.node_id for c in self.overlay.leaf_set.members() if c.node_id != dead.node_id]
+        others = [c for c in self.overlay.leaf_set.members() if c.node_id != dead.node_id]
+        alive = [c.node_id for c in others]
         if min([self.overlay.node_id, *alive], key=lambda n: n ^ dead.node_id) == (
             self.overlay.node_id
         ):  # the dead peer's closest neighbour takes care of what it left
-            jobs.append(self.scheduler.adopt_from(dead.name))
+            adopt = self.adopter or self.scheduler.adopt_from
+            jobs.append(adopt(dead.name))
             jobs.append(self._report_hosted(dead.name))
         for job in jobs:
-            task = self._group.create_task(job)
+            task = self._group.create_task(self._unless_cut_off(others, dead.name, job))
             self._reports.add(task)
             task.add_done_callback(self._reports.discard)
+
+    async def _unless_cut_off(
+        self, others: list[Any], dead: str, job: Coroutine[Any, Any, None]
+    ) -> None:
+        """Act on a death only while another leaf-set peer still answers: a peer cut
+        off from the network (``docker network disconnect``, a dead uplink) sees every
+        other one die, one after the other, and must not recover, adopt or fail their
+        apps; the others, which see only it gone, do what is needed."""
+        if others:
+            pings = await asyncio.gather(*(self.overlay.ping((c.host, c.port)) for c in others[:4]))
+            if all(answer is None for answer in pings):
+                job.close()
+                log.warning("no leaf-set peer answers: cut off? not acting on %s's death", dead)
+                return
+        await job
 
     async def _report_hosted(self, dead: str) -> None:
         """Tell the scheduler of every app ``dead`` hosted (its hosting manifest, kept
@@ -484,10 +529,19 @@ class AppRuntime:
         app_id = _app_id(req)
         rec = self.scheduler.apps.get(app_id)
         if rec is not None and dead in rec.hosts() and self._group is not None:
-            task = self._group.create_task(self.scheduler.recover(app_id, dead))
+            task = self._group.create_task(self._recover_if_silent(app_id, dead))
             self._reports.add(task)
             task.add_done_callback(self._reports.discard)
         return True
+
+    async def _recover_if_silent(self, app_id: str, dead: str) -> None:
+        """A death reported second-hand (by a peer that may itself have been cut off)
+        is acted on only when ``dead`` does not answer this scheduler either."""
+        rec = self.scheduler.apps.get(app_id)
+        if rec is not None and await self.scheduler.answers(rec, dead):
+            log.warning("%s was reported dead but answers: %s goes on", dead, app_id)
+            return
+        await self.scheduler.recover(app_id, dead)
 
     def _manifest_changed(self) -> None:
         """Publish which apps this peer hosts (``hosting:<name>``, replicated with the
@@ -591,7 +645,41 @@ class AppRuntime:
             self.checkpoint_bytes.observe(float(report.get("bytes", 0)))
             self.checkpoint_seconds.observe(float(report.get("seconds", 0.0)))
         body = {"app_id": d.app_id, "report": report, "generation": d.generation}
-        await self._tell(d.scheduler, "app_checkpoint", body)
+        await self._tell(self._scheduler_of(d), "app_checkpoint", body)
+
+    # -- elastic scaling (agiledart.runtime.elastic) ------------------------------------
+
+    async def _ask_scaling(self, d: Deployment, body: dict[str, Any]) -> None:
+        """A controller here wants a scale-out or a migration: ask the app's scheduler."""
+        try:
+            await self.links.request(
+                self._scheduler_of(d),
+                "app_scale",
+                {**body, "generation": d.generation},
+                timeout=10.0,
+            )
+        except OverlayError as exc:
+            log.warning("app_scale of %s to its scheduler failed: %s", d.app_id, exc)
+
+    async def _app_scale(self, req: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:
+        ops, action, peer = req.get("operators"), req.get("action"), req.get("peer")
+        if not (
+            isinstance(ops, list)
+            and all(isinstance(o, str) for o in ops)
+            and isinstance(action, str)
+            and isinstance(peer, str)
+        ):
+            msg = "app_scale needs 'operators' (names), 'action' and 'peer' strings"
+            raise MalformedError(msg)
+        accepted = await self.scheduler.rescale(
+            _app_id(req),
+            ops,
+            action,
+            peer,
+            generation=_generation(req),
+            reason=str(req.get("reason", ""))[:200],
+        )
+        return {"accepted": accepted}
 
     async def _on_credit(self, msg: dict[str, Any], conn: ConnectionInfo) -> None:
         app_id, edge, n = msg.get("a"), msg.get("e"), msg.get("n")

@@ -15,7 +15,9 @@ Theory of operation, per observation:
 3. No service rate measured yet (and some demand): hold; the score has no evidence.
 4. Load drift: the secant's points are only comparable under the same input rate. When
    λ has moved by more than ``rate_drift`` (relative) since the points were taken, the
-   search forgets them and starts again from the current point.
+   search forgets them and starts again from the current point. The same holds for μ
+   (the cost of a record changed: a load step of the operator itself), judged with the
+   same threshold over two observations in a row (one noisy second is not a step).
 5. The secant rule (:class:`~agiledart.scaling.secant.SecantSearch`) proposes a count.
 6. Bottleneck, when f is under the dead-band (paper §IV-C):
 
@@ -129,6 +131,14 @@ class ScalingPolicy:
     """Waiting for output credit at least this share of the time: the links are full."""
     rate_drift: float = 0.25
     """Forget the secant's points when λ moved by more than this share since."""
+    down_after: int = 1
+    """Step down only after this many observations in a row over the dead-band (a
+    stabilisation window: one noisy reading does not shed an instance)."""
+    through_origin: bool = False
+    """Use that f comes from a headroom linear in x (agiledart.scaling.health): a first
+    step up (no previous point) along the line through the origin, f(0) = 0, rather
+    than by one (one decision from a deep overload, see ``_through_origin``), and no
+    step down to a count predicted to fall short of f* (``_predicted_down``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.rule, SecantRule):
@@ -139,6 +149,12 @@ class ScalingPolicy:
         drift = self.rate_drift
         if not (isinstance(drift, int | float) and 0 < drift < math.inf):
             msg = f"rate_drift must be a finite number > 0, got {drift!r}"
+            raise ScalingUsageError(msg)
+        if isinstance(self.down_after, bool) or not isinstance(self.down_after, int):
+            msg = f"down_after must be an int >= 1, got {self.down_after!r}"
+            raise ScalingUsageError(msg)
+        if self.down_after < 1:
+            msg = f"down_after must be an int >= 1, got {self.down_after!r}"
             raise ScalingUsageError(msg)
 
 
@@ -186,6 +202,9 @@ class ScalingController:
         self.last_change: float | None = None  #: when the last change was decided
         self._last_now = -math.inf
         self._rate_ref: float | None = None  # λ when the search's points were taken
+        self._mu_ref: float | None = None  # μ when the search's points were taken
+        self._over = 0  # observations in a row over the dead-band wanting fewer
+        self._mu_moved = 0  # observations in a row with μ away from its reference
 
     def classify(self, m: Measurement) -> Bottleneck:
         """Compute unless the output links are saturated while the workers are not."""
@@ -213,11 +232,21 @@ class ScalingController:
             return self._hold(m, score, f"cool-down, {left:.1f}s left")
         if not score.known:
             return self._hold(m, score, "no service time measured yet")
-        self._track_drift(m.rate)
+        self._track_drift(m.rate, m.service_rate)
         nxt = self.search.observe(Point(m.instances, score.value))
         f, x = score.value, m.instances
+        self._over = self._over + 1 if nxt < x and rule.over(f) else 0
         if rule.under(f):
             return self._under(now, m, score, nxt)
+        if nxt < x and self.policy.through_origin:
+            nxt = self._predicted_down(m, nxt)
+            if nxt == x:
+                self._over = 0  # every reading of the window must allow the step
+                why = f"over the dead-band: f={f:.3f}, but {x - 1} would fall short of f*"
+                return self._hold(m, score, why)
+        if nxt < x and 0 < self._over < self.policy.down_after:
+            why = f"over the dead-band: f={f:.3f} ({self._over} of {self.policy.down_after})"
+            return self._hold(m, score, why)
         if nxt < x:
             why = "over the dead-band" if rule.over(f) else "over max_instances"
             return self._change(now, m, score, Action.DOWN, nxt, f"{why}: f={f:.3f}")
@@ -238,18 +267,64 @@ class ScalingController:
             if nxt > x:
                 self.search.forget()
                 return self._change(now, m, score, Action.SCALE_OUT, nxt, why, kind)
-        elif nxt > x:
+        else:
+            nxt = max(nxt, self._through_origin(m))
+        if kind is Bottleneck.COMPUTE and nxt > x:
             why = f"under the dead-band: f={f:.3f}, busy={m.busy:.2f}"
             return self._change(now, m, score, Action.UP, nxt, why, kind)
         return self._hold(m, score, f"under the dead-band: f={f:.3f}, at max_instances", kind)
 
-    def _track_drift(self, rate: float) -> None:
-        ref = self._rate_ref
-        if ref is not None and abs(rate - ref) > self.policy.rate_drift * max(rate, ref):
+    def _predicted_down(self, m: Measurement, nxt: int) -> int:
+        """The lowest count in [nxt, x) at which the health model, its headroom linear
+        in the count (:mod:`agiledart.scaling.health`), predicts f >= f* (x: none), so a
+        step down is not a probe that comes straight back up."""
+        x, model, rule = m.instances, self.policy.model, self.policy.rule
+        for count in range(nxt, x):
+            predicted = health(
+                count, rate=m.rate, service_rate=m.service_rate, queue=m.queue, model=model
+            )
+            if predicted.value >= rule.target:
+                return count
+        return x
+
+    def _through_origin(self, m: Measurement) -> int:
+        """With no previous point (the first decision since the load changed), the
+        secant through the current point and the origin: no instances serve nothing,
+        f(0) = 0, and f is proportional to the capacity under the reference, so this is
+        the count that reaches f* in one step (DS2's rate model). The point is scored
+        without the backlog (q = 0): a queue that grew during the step would otherwise
+        ask for capacity to drain it at once, an overshoot to take back later; the
+        secant's next steps see the backlog. Never past a count known to be over the
+        dead-band."""
+        rule, search, x = self.policy.rule, self.search, m.instances
+        if not self.policy.through_origin or search.previous is not None or not m.rate:
+            return x
+        score = health(
+            x, rate=m.rate, service_rate=m.service_rate, queue=0, model=self.policy.model
+        )
+        if not score.known or score.value <= 0 or not rule.under(score.value):
+            return x
+        nxt = rule.clamp(math.ceil(x * rule.target / score.value - 1e-9))
+        return nxt if search.above is None else min(nxt, search.above)
+
+    def _track_drift(self, rate: float, mu: float | None) -> None:
+        drift = self.policy.rate_drift
+        ref, mu_ref = self._rate_ref, self._mu_ref
+        mu = mu if mu is not None and math.isfinite(mu) else None
+        moved = ref is not None and abs(rate - ref) > drift * max(rate, ref)
+        if mu is not None and mu_ref is not None and abs(mu - mu_ref) > drift * max(mu, mu_ref):
+            self._mu_moved += 1  # the cost of a record changed, if it stays changed
+            moved = moved or self._mu_moved >= 2
+        else:
+            self._mu_moved = 0
+        if moved:
+            self._mu_moved = 0
             self.search.forget()
-            ref = None
+            ref = mu_ref = None
         if ref is None:
             self._rate_ref = float(rate)
+        if mu_ref is None:
+            self._mu_ref = mu
 
     def _hold(
         self, m: Measurement, score: HealthScore, reason: str, kind: Bottleneck | None = None
@@ -268,7 +343,7 @@ class ScalingController:
     ) -> ScalingDecision:
         self.last_change = now
         if action is Action.MIGRATE or action is Action.SCALE_OUT:
-            self._rate_ref = None
+            self._rate_ref = self._mu_ref = None
         return self._decision(m, score, action, target, reason, kind)
 
     def _decision(

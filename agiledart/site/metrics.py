@@ -285,6 +285,11 @@ class PeerCollector:
                 "Instances of the operator in its app",
                 labels=["peer", "app", "operator"],
             ),
+            "health": GaugeMetricFamily(
+                P + "operator_health",
+                "Health score f in (0, 1) of the operator here (elastic scaling, 1 best)",
+                labels=["peer", "app", "operator"],
+            ),
             "source": CounterMetricFamily(
                 P + "source_tuples",
                 "Tuples of a source: emitted, delayed (held back) or shed (dropped late)",
@@ -397,7 +402,11 @@ def _operator_series(
         fam["busy"].add_metric(labels, s.get("busy", 0.0))
         service_us = s.get("service_us")
         fam["service"].add_metric(labels, 0.0 if service_us is None else service_us / 1e6)
-        fam["instances"].add_metric([peer, app_id, op_id], len(hosts.get(op_id, ())) or 1)
+        here = int(s.get("instances", 1))  # replicas on this peer, 1 on each other host
+        others = max(1, len(hosts.get(op_id, ()))) - 1
+        fam["instances"].add_metric([peer, app_id, op_id], here + others)
+        if s.get("health") is not None:
+            fam["health"].add_metric([peer, app_id, op_id], s["health"])
 
 
 def _gauge(name: str, doc: str, peer: str, value: float) -> GaugeMetricFamily:

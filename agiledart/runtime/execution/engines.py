@@ -168,6 +168,13 @@ class Unit:
         self.service_s, self.wait_s = time.perf_counter() - start, 0.0
         return out
 
+    def follow(self, other: Unit, state: dict[str, bytes] | None) -> None:
+        """Start where ``other`` runs (a replica replacing it): on the workers if it
+        had moved there, ``state`` then handed over with the first turn."""
+        if not other.local:
+            self.local, self._judged = False, True
+            self.handover = state if self.stateful else None
+
     def take_handover(self) -> dict[str, bytes] | None:
         state, self.handover = self.handover, None
         return state
@@ -223,6 +230,20 @@ class Engine:
             self.units[(app_id, u.uid)] = u
         ops = {u.uid: u.ops for u in units}
         self._apps[app_id] = (spec.to_dict(), ops, sorted(code_ids))
+
+    async def add_unit(self, unit: Unit) -> None:
+        """A unit added to an app that is open (elastic scaling: one more instance)."""
+        self.units[(unit.app_id, unit.uid)] = unit
+        entry = self._apps.get(unit.app_id)
+        if entry is not None:
+            entry[1][unit.uid] = unit.ops
+
+    async def drop_unit(self, unit: Unit) -> None:
+        """Forget a unit of an open app; its state must have been taken (:meth:`snapshot`)."""
+        self.units.pop((unit.app_id, unit.uid), None)
+        entry = self._apps.get(unit.app_id)
+        if entry is not None:
+            entry[1].pop(unit.uid, None)
 
     def units_of(self, app_id: str) -> list[Unit]:
         """The app's units (a list: other apps come and go while one is awaited)."""
@@ -421,6 +442,21 @@ class PoolEngine(Engine):
             self._defined[w].add(app_id)
             await proc.call(self._define(app_id))
 
+    async def add_unit(self, unit: Unit) -> None:
+        await super().add_unit(unit)
+        await self._tell_workers(unit, unit.ops)
+
+    async def drop_unit(self, unit: Unit) -> None:
+        self.dispatcher.cancel(unit)
+        await super().drop_unit(unit)
+        await self._tell_workers(unit, None)
+
+    async def _tell_workers(self, unit: Unit, ops: list[str] | None) -> None:
+        for w, proc in enumerate(list(self.procs)):
+            if proc is not None and proc.alive and unit.app_id in self._defined[w]:
+                with contextlib.suppress(WorkerDied):
+                    await proc.call(("unit", unit.app_id, unit.uid, ops))
+
     async def close_app(self, app_id: str) -> None:
         for w, proc in enumerate(list(self.procs)):
             if proc is not None and proc.alive and app_id in self._defined[w]:
@@ -494,6 +530,12 @@ class ProcessEngine(Engine):
             return None
         state, _, _ = await unit.process.call(("export", unit.app_id, unit.uid))
         return state  # type: ignore[no-any-return]
+
+    async def drop_unit(self, unit: Unit) -> None:
+        await super().drop_unit(unit)
+        if unit.process is not None:
+            await unit.process.close()
+            unit.process = None
 
     async def close_app(self, app_id: str) -> None:
         for u in self.units_of(app_id):

@@ -13,6 +13,8 @@ Requests (tuples; see :mod:`agiledart.runtime.execution.host`):
   ``("wm", app_id, unit, producer, watermark, state)``: one turn; ``state`` (operator
   snapshots) comes when the unit's state moves here from another worker;
 * ``("export", app_id, unit)``: hand the unit's state over (and forget the unit);
+* ``("unit", app_id, unit, ops)``: a unit added to a running app (elastic scaling: a
+  new instance), or with ``ops`` None removed from it;
 * ``("drop", app_id)``: forget the app.
 
 ``stats`` are the unit's operator counters since the last turn (the peer adds them
@@ -81,6 +83,17 @@ class Worker:
                 app = self.apps[app_id] = _App(parse_spec(spec), dict(units), resolve)
                 for uid in app.units:  # user factories run now, before the data comes
                     app.executor(uid, None)
+            return ("ok", None, {}, 0.0)
+        if kind == "unit":
+            _, app_id, unit, ops = req
+            known = self.apps.get(app_id)
+            if known is not None:
+                known.executors.pop(unit, None)
+                if ops is None:
+                    known.units.pop(unit, None)
+                else:
+                    known.units[unit] = list(ops)
+                    known.executor(unit, None)
             return ("ok", None, {}, 0.0)
         if kind == "drop":
             self.apps.pop(req[1], None)
