@@ -3,13 +3,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 TYPECHECK := build/typecheck
 
-.PHONY: setup emulate test lint typecheck pytest bench clean
+.PHONY: setup emulate docker-emulation test lint typecheck pytest bench clean
 
 setup:
 	@bash scripts/setup.sh
 
 emulate: setup
 	$(BIN)/agiledart emulate
+
+# the README's docker walk-through, unattended and checked (scripts/docker_emulation.py)
+docker-emulation: setup
+	$(BIN)/python scripts/docker_emulation.py
 
 test: setup lint typecheck pytest
 

@@ -33,6 +33,7 @@ HEADER = 17
 MAC = 32
 MAX_DATAGRAM = 8192
 ENV_KEY = "AGILEDART_CLUSTER_KEY"
+ENV_KEY_FILE = "AGILEDART_CLUSTER_KEY_FILE"  #: a key file by environment (docker secrets)
 MIN_KEY_CHARS = 16
 
 __all__ = ["ClusterKey", "DatagramAuth", "load_cluster_key"]
@@ -72,8 +73,11 @@ class ClusterKey:
 def load_cluster_key(
     key_file: str | Path | None, *, insecure: bool, environ: dict[str, str] | None = None
 ) -> ClusterKey:
-    """The key from ``--cluster-key-file``, else ``$AGILEDART_CLUSTER_KEY``, else refuse."""
+    """The key from ``--cluster-key-file``, else the file ``$AGILEDART_CLUSTER_KEY_FILE``
+    names (a docker secret, say), else ``$AGILEDART_CLUSTER_KEY``, else refuse."""
     env = os.environ if environ is None else environ
+    if key_file is None and env.get(ENV_KEY_FILE):
+        key_file = env[ENV_KEY_FILE]
     if key_file is not None:
         path = Path(key_file)
         try:

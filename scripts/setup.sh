@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up agiledart on a fresh Debian, Ubuntu or Raspberry Pi OS machine: the system
 # packages it needs (a C compiler and Python headers: zfec builds from source where no
-# wheel exists, e.g. on aarch64; the Mosquitto MQTT broker, which the MQTT tests run),
+# wheel exists, e.g. on aarch64; the Mosquitto MQTT broker, which the MQTT tests run;
+# Docker Engine, compose and debootstrap for the docker emulation and its tests),
 # a virtualenv in .venv, and the package with its development tools. Safe to run
 # again: it only installs what is missing.
 set -euo pipefail
@@ -23,6 +24,12 @@ PYEOF
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
 # headless Chromium: the dashboard tests (tests/site) drive a real browser
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need+=(chromium)
+# docker emulation (docker/, tests/docker): Docker Engine (the tests start dockerd when it
+# is not running), compose (v2 plugin or Debian's docker-compose), debootstrap for the
+# local base image (no registry needed)
+command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || [ -x /usr/bin/dockerd ] || need+=(docker.io)
+docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
+command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 if ((${#need[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "installing system packages: ${need[*]}"
