@@ -130,6 +130,7 @@ class Peer:
         self.overlay.on_deliver("probe", _probe)
         self._group: asyncio.TaskGroup | None = None
         self._stopped = asyncio.Event()
+        self._loops: list[asyncio.Task[None]] = []
         self.site: Site | None = None  #: metrics endpoint and dashboard, when configured
 
     async def __aenter__(self) -> Peer:
@@ -156,14 +157,16 @@ class Peer:
         self._group.create_task(self._join_loop())
         self.runtime.start(self._group, self._joined)
         if self.zoning is not None:
-            self._group.create_task(self.zoning.gossip_loop())
+            self._loops.append(self._group.create_task(self.zoning.gossip_loop()))
         if self.central is not None and self.central.is_master:
-            self._group.create_task(self.central.run())
+            self._loops.append(self._group.create_task(self.central.run()))
         log.info("peer %s (%s) listening on %s:%d", self.name, ids.short(self.node_id), host, port)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self._stopped.set()
+        for loop in self._loops:  # endless: the task group would wait for them forever
+            loop.cancel()
         if self.site is not None:
             await self.site.aclose()
         await self.runtime.aclose()
