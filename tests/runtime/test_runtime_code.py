@@ -24,8 +24,11 @@ pytestmark = [pytest.mark.processes]
 
 @pytest.fixture(scope="module")
 def trio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    # sensor-1, sensor-2, gateway-1
-    with formed_cluster(tmp_path_factory.mktemp("trio"), 3) as cluster:
+    # sensor-1, sensor-2, gateway-1; each app scheduled by the peer it is submitted
+    # through, so the corrupt-bundle case is validated by a peer that never cached the
+    # bundle (a zone scheduler that cached a good copy validates it and the error comes
+    # at deployment instead)
+    with formed_cluster(tmp_path_factory.mktemp("trio"), 3, ["--scheduling", "local"]) as cluster:
         yield cluster
 
 
