@@ -72,6 +72,14 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _rtt_ms(text: str) -> float:
+    value = _non_negative_float(text)
+    if value > 10_000:
+        msg = f"expected at most 10000 ms, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
 def _positive(text: str) -> int:
     value = _non_negative(text)
     if value == 0:
@@ -144,6 +152,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="emulated link model (docs/bandit-graphs.md format, nodes named after peers): "
         "data to peers that are not direct neighbours is relayed hop by hop by the KL-UCB "
         "rule, and every link loses and delays attempts as the file says",
+    )
+    p.add_argument(
+        "--control-rtt-ms",
+        type=_rtt_ms,
+        default=0.0,
+        metavar="MS",
+        help="emulation: add this round-trip time to every control request to another "
+        "peer (deploy, records, scheduling; 0-10000, default 0), as an edge network "
+        "would; local clusters on loopback otherwise have almost none",
     )
     p.add_argument(
         "--workers",
@@ -304,6 +321,7 @@ def _cmd_peer(args: argparse.Namespace) -> int:
         dashboard_host=args.dashboard_host,
         advertise=args.advertise,
         links=args.links,
+        control_rtt_ms=args.control_rtt_ms,
         scheduling=args.scheduling,
         master=args.master,
     )

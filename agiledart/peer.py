@@ -84,6 +84,8 @@ class PeerConfig:
     #: (the peer receiving the submit), ``central`` (the ``master`` peer, FCFS baseline)
     scheduling: str = "zones"
     master: str = ""  #: the master's peer name, with ``scheduling="central"``
+    #: emulation: round-trip time added to every control request to another peer
+    control_rtt_ms: float = 0.0
     overlay: OverlayConfig = field(default_factory=OverlayConfig)
 
 
@@ -98,7 +100,7 @@ class Peer:
             node_id=self.node_id, key=key, name=self.name, config=config.overlay
         )
         self.frames = FrameServer(key=key, name=self.name)
-        self.links = Links(key, self.name)
+        self.links = Links(key, self.name, rtt_s=config.control_rtt_ms / 1000.0)
         self.trace: TraceWriter | NullTraceWriter = NullTraceWriter()
         if config.trace_dir is not None:
             self.trace = TraceWriter(

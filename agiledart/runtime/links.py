@@ -5,6 +5,12 @@ the same :class:`~agiledart.overlay.tcp.FrameClient`, so one TCP connection per 
 peers carries every app's traffic in order. A broken connection is dropped and the next
 use reconnects. Credits come back over the connection they were earned on: the stream
 handlers registered with :meth:`Links.on_stream` are installed on every client.
+
+An emulated control-plane round-trip time (``rtt_s``, the peer's ``--control-rtt-ms``)
+is added to every request: peers on one loopback or one docker bridge answer in a
+tenth of a millisecond, where edge devices on WiFi or a WAN take tens, and a protocol
+that waits on many round trips one after another (a central master deploying one app
+at a time) is only fairly compared on the latency it would meet.
 """
 
 from __future__ import annotations
@@ -23,8 +29,11 @@ Address = tuple[str, int]
 
 
 class Links:
-    def __init__(self, key: ClusterKey, name: str, *, connect_timeout: float = 5.0) -> None:
+    def __init__(
+        self, key: ClusterKey, name: str, *, connect_timeout: float = 5.0, rtt_s: float = 0.0
+    ) -> None:
         self.key = key
+        self.rtt_s = rtt_s  #: emulated round-trip time added to every request
         self.name = name
         self.connect_timeout = connect_timeout
         self._clients: dict[Address, FrameClient] = {}
@@ -65,6 +74,8 @@ class Links:
         *,
         timeout: float = 10.0,
     ) -> Any:
+        if self.rtt_s > 0:
+            await asyncio.sleep(self.rtt_s)
         client = await self.client(address)
         return await client.request(type, body, timeout=timeout)
 
