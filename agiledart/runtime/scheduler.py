@@ -276,6 +276,9 @@ class Scheduler:
             rec.state, rec.error = "failed", str(exc)
             await self._undeploy(rec)
             await self._save(rec)
+            problems = _code_problems(spec, str(exc))
+            if problems:  # this scheduler's copy was good, a host's download was not
+                raise SpecError(problems, name=spec.name) from exc
             msg = f"app {app_id} could not be deployed: {exc}"
             raise DeployError(msg) from exc
         return rec
@@ -1187,3 +1190,14 @@ def _place_somewhere(
             if "no capacity" not in str(exc) or limit >= len(spec.operators):
                 raise
             limit *= 2
+
+
+def _code_problems(spec: AppSpec, error: str) -> list[Problem]:
+    """The operator fields whose code a deployment error names (``code 1a2b3c...:``),
+    so a bundle found corrupt or missing by a host, after this scheduler validated its
+    own good copy, is reported against the field as validation would have."""
+    problems = []
+    for i, o in enumerate(spec.operators):
+        if o.fn and not o.fn.startswith("builtin:") and f"code {o.fn[:12]}..." in error:
+            problems.append(Problem(f"operators[{i}].fn", error))
+    return problems

@@ -124,3 +124,10 @@ def test_a_corrupt_bundle_fails_the_submission(trio: LocalCluster, tmp_path: Pat
     assert proc.returncode == 1
     assert f"chunk {chunk[:12]}... is corrupt" in proc.stderr
     assert "operators[0].fn" in proc.stderr
+    # sensor-2 registered the bundle and validates with its good cached copy; the
+    # host the operator is placed on (on the JOIN path, never sensor-2) downloads the
+    # corrupt chunk at deployment: the error still names the field
+    proc = cli(trio, "submit", str(spec_file), *via(trio, 1), check=False)
+    assert proc.returncode == 1
+    assert f"chunk {chunk[:12]}... is corrupt" in proc.stderr
+    assert "operators[0].fn" in proc.stderr
