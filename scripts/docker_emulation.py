@@ -46,6 +46,7 @@ import yaml
 from agiledart import apps
 from agiledart.app import AppSpec, parse_spec
 from agiledart.app.reference import canonical, reference_outputs
+from agiledart.apps.probes import counting
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
@@ -520,64 +521,12 @@ def urban_sensing(site: Site, through: str = "edge-2") -> dict[str, Any]:
     return s
 
 
-def counting_app(
-    host: str, *, count: int = 24_000, rate: int = 3_000, name: str = "counting"
-) -> dict[str, Any]:
-    """counter records -> filter -> map (pinned to edge-2) -> keyed running count pinned
-    to ``host`` -> file sink on gateway-1: a lost or repeated input changes the output."""
-    return {
-        "name": name,
-        "checkpoint": {"mode": "restart"},
-        "sources": [
-            {
-                "id": "readings",
-                "peer": "sensor-1",
-                "connector": "generator",
-                "params": {"dataset": "counter", "rate": rate, "count": count, "keys": 32},
-            }
-        ],
-        "operators": [
-            {
-                "id": "sampled",
-                "op": "filter",
-                "fn": "builtin:skip_every",
-                "params": {"field": "seq", "n": 7},
-                "inputs": ["readings"],
-            },
-            {
-                "id": "scaled",
-                "op": "map",
-                "fn": "builtin:scale",
-                "params": {"field": "seq", "factor": 2},
-                "inputs": ["sampled"],
-                "peer": "edge-2",
-            },
-            {
-                "id": "counts",
-                "op": "aggregate",
-                "params": {"key": "key", "aggregate": "count"},
-                "inputs": ["scaled"],
-                "peer": host,
-            },
-        ],
-        "sinks": [
-            {
-                "id": "out",
-                "peer": "gateway-1",
-                "connector": "file",
-                "params": {"path": f"{name}.jsonl"},
-                "inputs": ["counts"],
-            }
-        ],
-    }
-
-
 def kill_stateful_peer(site: Site, victim: str = "edge-1", through: str = "gateway-2") -> None:
     """A keyed running count pinned to ``victim``, which is ``docker kill``-ed two
     seconds after the app started (of its 20 s of input: a loaded machine runs the CLI
     slowly, so the kill does not wait for it): the app restarts elsewhere, its output is
     exact. Then ``docker start`` brings the peer back, and the ring takes it in again."""
-    raw = counting_app(victim, count=30_000, rate=1_500)
+    raw = counting(victim, count=30_000, rate=1_500)
     spec = parse_spec(raw, known_peers=PEERS)
     app_id = site.submit(through, raw)
     time.sleep(2.0)
@@ -612,7 +561,7 @@ def partition(
     the app's output is exact, and a new app with its running count on that peer runs
     exactly too. Returns the peer cut off."""
     host = next(p for p in ("edge-2", "edge-1", "gateway-2") if p in alive)
-    raw = counting_app(host, count=72_000, rate=2_400, name="partitioned")  # 30 s
+    raw = counting(host, count=72_000, rate=2_400, name="partitioned")  # 30 s
     spec = parse_spec(raw, known_peers=PEERS)
     app_id = site.submit(through, raw)
     s = site.status(through, app_id)
@@ -646,7 +595,7 @@ def partition(
         msg = f"{app_id} recovered although none of its peers was cut: {s['recoveries']}"
         raise EmulationError(msg)
     log(f"partitioned {app_id}: finished, {n} records exact")
-    raw = counting_app(host, count=6_000, name="rejoined")
+    raw = counting(host, count=6_000, name="rejoined")
     raw["operators"][2]["peer"] = cut
     spec = parse_spec(raw, known_peers=PEERS)
     app_id = site.submit(through, raw)

@@ -19,64 +19,13 @@ from support.apps import check_outputs, log_sizes
 from support.processes import cli_json, formed_cluster, poll
 
 from agiledart.app import parse_spec
+from agiledart.apps.probes import counting
 from agiledart.emulate import LocalCluster
 
 pytestmark = [pytest.mark.processes]
 
 PEERS = 6
 SENSOR_1, GATEWAY_1, EDGE_1, EDGE_2 = 0, 2, 4, 5
-
-
-def counting_app(
-    host: str, count: int = 24_000, rate: int = 3_000, checkpoint: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """counter records -> 2 stateless operators -> keyed running count pinned to
-    ``host`` -> file sink; the source and sink on other peers."""
-    return {
-        "name": "counting",
-        "checkpoint": checkpoint or {"mode": "restart"},
-        "sources": [
-            {
-                "id": "readings",
-                "peer": "sensor-1",
-                "connector": "generator",
-                "params": {"dataset": "counter", "rate": rate, "count": count, "keys": 32},
-            }
-        ],
-        "operators": [
-            {
-                "id": "sampled",
-                "op": "filter",
-                "fn": "builtin:skip_every",
-                "params": {"field": "seq", "n": 7},
-                "inputs": ["readings"],
-            },
-            {
-                "id": "scaled",
-                "op": "map",
-                "fn": "builtin:scale",
-                "params": {"field": "seq", "factor": 2},
-                "inputs": ["sampled"],
-                "peer": "edge-2",
-            },
-            {
-                "id": "counts",
-                "op": "aggregate",
-                "params": {"key": "key", "aggregate": "count"},
-                "inputs": ["scaled"],
-                "peer": host,
-            },
-        ],
-        "sinks": [
-            {
-                "id": "out",
-                "peer": "gateway-1",
-                "connector": "file",
-                "params": {"path": "counts.jsonl"},
-                "inputs": ["counts"],
-            }
-        ],
-    }
 
 
 @pytest.fixture
@@ -112,7 +61,7 @@ def finished(cluster: LocalCluster, app_id: str, through: int) -> dict[str, Any]
 def test_the_peer_of_a_stateful_operator_dies_and_the_output_is_exact(
     site: LocalCluster,
 ) -> None:
-    spec_raw = counting_app("edge-1")
+    spec_raw = counting("edge-1")
     spec = parse_spec(spec_raw)
     logs = log_sizes(site)
     app_id = submit(site, spec_raw, through=3)  # gateway-2 schedules it
@@ -138,7 +87,7 @@ def test_a_dead_peer_that_hosts_nothing_of_the_app_changes_nothing(
     site: LocalCluster,
 ) -> None:
     """Only what a dead peer *hosted* matters: the app simply finishes."""
-    spec_raw = counting_app("edge-2", count=6_000)
+    spec_raw = counting("edge-2", count=6_000)
     app_id = submit(site, spec_raw, through=3)
     site.kill(EDGE_1)
     s = finished(site, app_id, through=3)
@@ -147,7 +96,7 @@ def test_a_dead_peer_that_hosts_nothing_of_the_app_changes_nothing(
 
 
 def test_a_dead_source_peer_fails_the_app_with_a_clear_error(site: LocalCluster) -> None:
-    spec_raw = counting_app("edge-1", count=60_000)
+    spec_raw = counting("edge-1", count=60_000)
     app_id = submit(site, spec_raw, through=3)
     poll(
         lambda: status(site, app_id, through=3)["totals"]["sink_records"] > 1_000,
@@ -166,7 +115,7 @@ def test_the_scheduler_dies_with_the_stateful_operator_and_a_neighbour_adopts_th
     """The peer the app was submitted through (its scheduler) also hosts its running
     count: the dead peer's closest neighbour adopts the app from the DHT and restarts
     it; the output is still exact."""
-    spec_raw = counting_app("edge-1")
+    spec_raw = counting("edge-1")
     spec = parse_spec(spec_raw)
     logs = log_sizes(site)
     app_id = submit(site, spec_raw, through=EDGE_1)
@@ -202,7 +151,7 @@ def committed(cluster: LocalCluster, app_id: str, through: int, records: int) ->
 def test_checkpointed_state_is_restored_elsewhere_and_the_output_is_exact(
     site: LocalCluster,
 ) -> None:
-    spec_raw = counting_app("edge-1", count=30_000, checkpoint=ERASURE)
+    spec_raw = counting("edge-1", count=30_000, checkpoint=ERASURE)
     spec = parse_spec(spec_raw)
     logs = log_sizes(site)
     app_id = submit(site, spec_raw, through=3)
@@ -221,7 +170,7 @@ def test_the_host_and_k_fragment_holders_die_at_once(site: LocalCluster) -> None
     """m = 3, k = 2 on 6 peers: the running count's host (edge-1) and two of its
     fragment holders (edge-2, which also runs an operator, and gateway-2) are killed
     together; the three holders left rebuild the state."""
-    spec_raw = counting_app("edge-1", count=30_000, checkpoint=ERASURE)
+    spec_raw = counting("edge-1", count=30_000, checkpoint=ERASURE)
     spec = parse_spec(spec_raw)
     logs = log_sizes(site)
     app_id = submit(site, spec_raw, through=1)  # sensor-2 schedules it and lives
