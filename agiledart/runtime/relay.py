@@ -7,11 +7,15 @@ that this module carries to its destination over the model's links, relay by rel
 * **Custody, hop by hop.** The origin, and then each relay, owns the packet until the
   next hop acknowledges it. One *attempt* sends the packet to a neighbour ``w`` chosen
   by :class:`~agiledart.bandit.relay.HopPlanner` (argmin ω(v, w) + J(w) over neighbours
-  not yet on the packet's path) and waits ``slot_ms + ack_grace_ms`` for the
-  acknowledgement; one that does not come in time is a failed attempt, fed back to the
-  planner, and the packet is tried again, possibly elsewhere. Nothing is lost while its
-  holder lives; a packet may arrive twice (an acknowledgement came too late), and every
-  peer drops copies it has seen (by packet id), the destination by flow sequence.
+  not yet on the packet's path) and waits one slot plus an acknowledgement timeout
+  (:class:`AckTimer`: TCP's SRTT + 4 RTTVAR over that neighbour's acknowledgement
+  delays, 10 ms to ``ack_grace_ms`` = 100 ms, doubled after a timeout).
+  One not acknowledged in time is a failed attempt, fed back to the planner, and the
+  packet is tried again, possibly elsewhere. Nothing is lost while its
+  holder lives. A late acknowledgement makes a copy; only the destination drops copies
+  (by packet id, then flow sequence), and a relay carries a copy on like any packet: a
+  relay that dropped a copy it had seen could drop the last one, when two copies cross
+  (A sends its copy to B while B sends its own to A, and each answers "seen").
 * **The emulated link.** The receiving end of ``v -> w`` throws an arriving attempt
   away with probability 1 - θ(v, w) (no acknowledgement: the sender cannot tell a lost
   packet from a slow link); a packet that gets through is acknowledged at once and
@@ -54,7 +58,7 @@ from agiledart.overlay.tcp import ConnectionInfo
 from agiledart.runtime.linkmodel import LinkModel
 from agiledart.runtime.links import Address, Links
 
-__all__ = ["Relay", "RelayStatistics"]
+__all__ = ["AckTimer", "Relay", "RelayStatistics"]
 
 log = logging.getLogger("agiledart.relay")
 
@@ -83,6 +87,43 @@ class RelayStatistics:
     lost_here: int = 0  #: arriving attempts the emulated link threw away
     duplicates: int = 0
     late_acks: int = 0
+
+
+class AckTimer:
+    """How long, beyond the slot, to wait for one neighbour's acknowledgement.
+
+    RFC 6298's retransmission timeout: SRTT + 4 RTTVAR over the delays of the
+    acknowledgements that came (each attempt has its own id, so every sample is
+    unambiguous), kept between ``floor_s`` and ``ceiling_s``, the ceiling until the
+    first sample; doubled (up to the ceiling) by each attempt that timed out, until the
+    next acknowledgement. Without the back-off a busy receiver is a positive feedback:
+    its late acknowledgements send copies, which make it busier. With it a lost attempt
+    costs about a slot, as in the model, where a fixed grace costs several.
+    """
+
+    def __init__(self, *, floor_s: float, ceiling_s: float) -> None:
+        self.floor_s = floor_s
+        self.ceiling_s = max(floor_s, ceiling_s)
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+        self.timeout_s = self.ceiling_s
+
+    def sample(self, rtt_s: float) -> None:
+        """An acknowledgement came ``rtt_s`` after its attempt was sent."""
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt_s, rtt_s / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt_s)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt_s
+        self.timeout_s = min(self.ceiling_s, max(self.floor_s, self.srtt + 4 * self.rttvar))
+
+    def expired(self) -> None:
+        """An attempt was not acknowledged in time."""
+        self.timeout_s = min(self.ceiling_s, 2 * self.timeout_s)
+
+
+#: the shortest acknowledgement timeout (scheduling jitter of a loaded small device)
+ACK_FLOOR_S = 0.010
 
 
 @dataclass
@@ -130,6 +171,7 @@ class Relay:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._bug_logged = False
+        self._timers: dict[str, AckTimer] = {}
 
     def carries(self, dest: str) -> bool:
         """Whether data from here to ``dest`` travels over the emulated network."""
@@ -205,7 +247,7 @@ class Relay:
                     self._bug_logged = True
                     log.exception("relay attempt to %s failed unexpectedly", w)
                 self.stats.failures += 1
-                await asyncio.sleep(self.model.slot_ms / 1000.0 + self.ack_grace_s)
+                await asyncio.sleep(self.model.slot_ms / 1000.0 + self._timer(w).timeout_s)
                 outcome, ack, delay_ms = "lost", None, 0.0
             self.trace.emit(
                 "shuffle",
@@ -235,12 +277,27 @@ class Relay:
             if outcome == "ok":
                 return
 
+    def _timer(self, w: str) -> AckTimer:
+        timer = self._timers.get(w)
+        if timer is None:
+            timer = self._timers[w] = AckTimer(floor_s=ACK_FLOOR_S, ceiling_s=self.ack_grace_s)
+        return timer
+
+    def ack_timeout_ms(self) -> float:
+        """The mean acknowledgement timeout over the neighbours tried (the ceiling
+        before any): what a lost attempt costs beyond its slot, for ``optimal_ms``."""
+        timers = list(self._timers.values())
+        if not timers:
+            return self.ack_grace_s * 1000.0
+        return 1000.0 * sum(t.timeout_s for t in timers) / len(timers)
+
     async def _attempt(
         self, w: str, packet: dict[str, Any]
     ) -> tuple[str, dict[str, Any] | None, float]:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        deadline = started + self.model.slot_ms / 1000.0 + self.ack_grace_s
+        timer = self._timer(w)
+        deadline = started + self.model.slot_ms / 1000.0 + timer.timeout_s
         self.stats.attempts += 1
         attempt = next(self._attempt_ids)
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
@@ -252,8 +309,10 @@ class Relay:
                 await client.send("relay", {**packet, "x": attempt})
             async with asyncio.timeout_at(deadline):
                 ack = await future
+            timer.sample(loop.time() - started)
         except (TimeoutError, OverlayError):
             self.stats.failures += 1
+            timer.expired()
             await asyncio.sleep(max(0.0, deadline - loop.time()))
             return "lost", None, (loop.time() - started) * 1000.0
         finally:
@@ -288,8 +347,9 @@ class Relay:
         pid = packet["i"]
         if pid in self._seen:
             self.stats.duplicates += 1
-            await self._ack(conn, attempt, True, self._j(dest, sender, int(packet["tau"])))
-            return
+            if dest == self.name:  # delivered, or held back for its turn: safe to drop
+                await self._ack(conn, attempt, True, 0.0)
+                return
         if dest != self.name:
             j = self._j(dest, sender, int(packet["tau"]))
             if math.isinf(j):
@@ -354,7 +414,7 @@ class Relay:
             path=list(packet["p"]),
             attempts=int(packet["n"]),
             delay_ms=round(time.time() * 1000.0 - float(packet["t0"]), 3),
-            optimal_ms=self.model.optimal_ms(packet["o"], self.name, self.ack_grace_s * 1000.0),
+            optimal_ms=self.model.optimal_ms(packet["o"], self.name, self.ack_timeout_ms()),
             policy=POLICY,
             graph=self.model.name,
         )

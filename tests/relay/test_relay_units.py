@@ -12,7 +12,7 @@ from agiledart.emulate import _peers_for_links, relay_totals
 from agiledart.errors import AgiledartError
 from agiledart.overlay.errors import MalformedError
 from agiledart.runtime.linkmodel import LinkModel
-from agiledart.runtime.relay import _checked
+from agiledart.runtime.relay import AckTimer, _checked
 
 
 def line(slot_ms: float = 10.0) -> LinkModel:
@@ -116,3 +116,24 @@ def test_a_malformed_relay_frame_is_refused(field: str, value: object) -> None:
     bad[field] = value
     with pytest.raises(MalformedError):
         _checked(bad)
+
+
+def test_the_ack_timeout_follows_the_acknowledgements_between_its_bounds() -> None:
+    timer = AckTimer(floor_s=0.010, ceiling_s=0.100)
+    assert timer.timeout_s == 0.100  # nothing measured yet: the ceiling
+    timer.sample(0.002)  # srtt 2 ms, rttvar 1 ms: 6 ms, under the floor
+    assert timer.timeout_s == pytest.approx(0.010)
+    for _ in range(50):
+        timer.sample(0.020)
+    assert timer.srtt == pytest.approx(0.020, rel=1e-2)
+    assert timer.timeout_s == pytest.approx(0.020, abs=1e-3)  # steady: rttvar ~ 0
+    timer.expired()  # backs off: doubled per timeout, up to the ceiling
+    assert timer.timeout_s == pytest.approx(0.040, abs=2e-3)
+    timer.expired()
+    timer.expired()
+    assert timer.timeout_s == pytest.approx(0.100)
+    timer.sample(0.020)  # the next acknowledgement brings it back
+    assert timer.timeout_s == pytest.approx(0.020, abs=1e-3)
+    timer.sample(0.400)  # one stall: the variance term jumps, capped by the ceiling
+    assert timer.timeout_s == pytest.approx(0.100)
+    assert AckTimer(floor_s=0.05, ceiling_s=0.01).ceiling_s == 0.05
