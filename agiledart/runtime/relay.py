@@ -12,10 +12,14 @@ that this module carries to its destination over the model's links, relay by rel
   delays, 10 ms to ``ack_grace_ms`` = 100 ms, doubled after a timeout).
   One not acknowledged in time is a failed attempt, fed back to the planner, and the
   packet is tried again, possibly elsewhere. Nothing is lost while its
-  holder lives. A late acknowledgement makes a copy; only the destination drops copies
-  (by packet id, then flow sequence), and a relay carries a copy on like any packet: a
-  relay that dropped a copy it had seen could drop the last one, when two copies cross
-  (A sends its copy to B while B sends its own to A, and each answers "seen").
+  holder lives. A late acknowledgement makes a copy. The destination drops copies (by
+  packet id, then flow sequence); a relay that still holds the packet when a copy
+  comes takes it off the sender's hands ("ok") only if its name is the smaller one,
+  and refuses it otherwise (the sender tries elsewhere); a relay that passed it on
+  before carries the copy on like a new packet. Answering "seen" to every copy lost
+  packets: when two holders A and B sent each other their copies, both let go. With
+  the rule, every copy given up goes to a holder with a smaller name, so custody
+  cannot go round in a circle and someone always holds the packet.
 * **The emulated link.** The receiving end of ``v -> w`` throws an arriving attempt
   away with probability 1 - θ(v, w) (no acknowledgement: the sender cannot tell a lost
   packet from a slow link); a packet that gets through is acknowledged at once and
@@ -172,6 +176,7 @@ class Relay:
         self._closed = False
         self._bug_logged = False
         self._timers: dict[str, AckTimer] = {}
+        self._holding: set[str] = set()  #: ids of the packets in this peer's custody
 
     def carries(self, dest: str) -> bool:
         """Whether data from here to ``dest`` travels over the emulated network."""
@@ -188,10 +193,11 @@ class Relay:
         k = self._k.get(dest, 0) + 1
         self._k[dest] = k
         self._addresses[dest] = address
+        # unique per origin: k counts per destination, so the id names it too (a relay
+        # that was once a destination must not take this for a copy)
+        pid = f"{self.name}~{self._incarnation}~{dest}~{k}"
         packet = {
-            # unique per origin: k counts per destination, so the id names it too (a
-            # relay that was once a destination must not take this for a copy)
-            "i": f"{self.name}~{self._incarnation}~{dest}~{k}",
+            "i": pid,
             "a": app,
             "f": flow,
             "q": seq,
@@ -207,6 +213,8 @@ class Relay:
             "n": 0,
         }
         self.stats.sent += 1
+        self._remember(pid)
+        self._holding.add(pid)
         self._spawn(self._forward(packet))
 
     # -- every hop ------------------------------------------------------------------------
@@ -222,6 +230,13 @@ class Relay:
         return planner
 
     async def _forward(self, packet: dict[str, Any]) -> None:
+        """Carry a packet this peer has custody of until a next hop takes it."""
+        try:
+            await self._carry(packet)
+        finally:
+            self._holding.discard(packet["i"])
+
+    async def _carry(self, packet: dict[str, Any]) -> None:
         dest: str = packet["d"]
         planner = self._planner(dest)
         refused: set[str] = set()
@@ -350,6 +365,11 @@ class Relay:
             if dest == self.name:  # delivered, or held back for its turn: safe to drop
                 await self._ack(conn, attempt, True, 0.0)
                 return
+            if pid in self._holding:  # two copies met: the smaller name keeps its own
+                keep = self.name < sender
+                await self._ack(conn, attempt, keep, self._j(dest, sender, int(packet["tau"])))
+                return
+            # passed on before: its copy is taken like a new packet
         if dest != self.name:
             j = self._j(dest, sender, int(packet["tau"]))
             if math.isinf(j):
@@ -358,6 +378,8 @@ class Relay:
         else:
             j = 0.0
         self._remember(pid)
+        if dest != self.name:
+            self._holding.add(pid)
         packet["p"] = [*packet["p"], self.name]
         await self._ack(conn, attempt, True, j)
         self._addresses.setdefault(packet["o"], _address(packet["oa"]))

@@ -10,9 +10,12 @@ import pytest
 from agiledart.bandit import Graph, save_graph
 from agiledart.emulate import _peers_for_links, relay_totals
 from agiledart.errors import AgiledartError
+from agiledart.overlay.auth import ClusterKey
 from agiledart.overlay.errors import MalformedError
 from agiledart.runtime.linkmodel import LinkModel
-from agiledart.runtime.relay import AckTimer, _checked
+from agiledart.runtime.links import Links
+from agiledart.runtime.relay import AckTimer, Relay, _checked
+from agiledart.traces import NullTraceWriter
 
 
 def line(slot_ms: float = 10.0) -> LinkModel:
@@ -137,3 +140,74 @@ def test_the_ack_timeout_follows_the_acknowledgements_between_its_bounds() -> No
     timer.sample(0.400)  # one stall: the variance term jumps, capped by the ceiling
     assert timer.timeout_s == pytest.approx(0.100)
     assert AckTimer(floor_s=0.05, ceiling_s=0.01).ceiling_s == 0.05
+
+
+class _Conn:
+    """The sending end of a relay frame, as :meth:`Relay.on_relay` sees it."""
+
+    def __init__(self, peer_name: str) -> None:
+        self.peer_name = peer_name
+        self.sent: list[tuple[str, dict[str, object]]] = []
+
+    async def send(self, type: str, body: dict[str, object]) -> None:
+        self.sent.append((type, body))
+
+
+def _copy_of(pid: str, *, dest: str, path: list[str]) -> dict[str, object]:
+    return {**packet(), "i": pid, "o": path[0], "d": dest, "p": path, "x": 9}
+
+
+async def test_a_copy_is_taken_off_a_holder_only_by_the_smaller_name() -> None:
+    """Two holders of one packet must not both let it go when their copies cross
+    (each answering "seen" to the other lost packets): the smaller name keeps it."""
+    nodes = ["a", "m", "z"]
+    both = [(u, v, 1.0) for u, v in (("a", "m"), ("m", "z"), ("a", "z"))]
+    both += [(v, u, t) for u, v, t in both]
+    model = LinkModel(Graph.build(nodes, both, source="a", sink="z", slot_ms=10.0))
+    links = Links(ClusterKey.from_material("test-cluster-key-0123456789"), "m")
+
+    async def nowhere(name: str) -> None:
+        return None
+
+    async def deliver(*args: object) -> None:
+        return None
+
+    relay = Relay(
+        name="m",
+        model=model,
+        links=links,
+        address=lambda: ("127.0.0.1", 1),
+        resolve=nowhere,
+        deliver=deliver,
+        trace=NullTraceWriter(),
+        seed=1,
+    )
+    try:
+        held = "a~x~z~1"
+        relay._remember(held)
+        relay._holding.add(held)
+        for sender, kept in (("z", True), ("a", False)):  # "m" < "z", "m" > "a"
+            conn = _Conn(sender)
+            await relay.on_relay(_copy_of(held, dest="z", path=[sender]), conn)  # type: ignore[arg-type]
+            ((kind, ack),) = conn.sent
+            assert kind == "relay_ack"
+            assert ack["ok"] is kept  # ok: the sender lets its copy go, m keeps its own
+        assert relay.stats.forwarded == 0
+        # passed on before: the copy is carried again, not dropped
+        gone = "a~x~z~2"
+        relay._remember(gone)
+        conn = _Conn("a")
+        await relay.on_relay(_copy_of(gone, dest="z", path=["a"]), conn)  # type: ignore[arg-type]
+        assert conn.sent[0][1]["ok"] is True
+        assert gone in relay._holding
+        assert relay.stats.forwarded == 1
+        # at the destination a copy is always dropped
+        mine = "a~x~m~3"
+        relay._remember(mine)
+        conn = _Conn("z")
+        await relay.on_relay(_copy_of(mine, dest="m", path=["a", "z"]), conn)  # type: ignore[arg-type]
+        assert conn.sent[0][1]["ok"] is True
+        assert relay.stats.duplicates == 4
+    finally:
+        await relay.aclose()
+        await links.aclose()
