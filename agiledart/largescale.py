@@ -15,8 +15,11 @@ Operators are placed and scheduled, never executed. The pieces are the real ones
   with the path peers' leaf sets and spare capacities.
 
 A simulated peer hosts at most :data:`SLOTS` operators (the placement's own default
-slot limit); its spare capacity is ``1 - hosted / SLOTS``. Apps are added in rounds
-(e.g. 250, then 250 more, ...) and the distributions are measured after each round.
+slot limit); its spare capacity is ``1 - hosted / SLOTS``, so one operator takes
+``1 / SLOTS`` of it: the placement's ``reserve``, which passes over a path node with
+one slot left unless nothing on or beside the path has more room. Apps are added in
+rounds (e.g. 250, then 250 more, ...) and the distributions are measured after each
+round.
 
     result = run_virtual(simulate(ScaleConfig(peers=10_000)))
 """
@@ -311,7 +314,7 @@ class _World:
         limit = self.config.app_slot_limit
         while True:
             try:
-                placement = place(spec, paths, infos, slot_limit=limit)
+                placement = place(spec, paths, infos, slot_limit=limit, reserve=1 / SLOTS)
                 break
             except PlacementError as exc:
                 if "no capacity" not in str(exc) or limit >= len(spec.operators):

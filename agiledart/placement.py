@@ -14,18 +14,26 @@ them (:class:`PeerInfo`). :func:`place` is a pure function of those values:
   For a merge operator (union, join) the common peers are where paths from different
   sources meet: the rendezvous. For an operator shared by several sinks' chains it is
   the shared prefix; such an operator is placed once.
+* A peer is usable while it hosts fewer than ``slot_limit`` of the app's operators and
+  has spare capacity (> 0). It has room while its spare capacity is also above
+  ``reserve``, the share of a peer one operator takes (by default a quarter: one of
+  the :data:`DEFAULT_SLOT_LIMIT` operators a peer hosts); a usable peer without room
+  would give the operator its last share.
 * Operators are taken in topological order and laid along the paths, the first ones
-  next to the source (data locality): a one-input operator goes to the first usable
-  common peer at least one hop after its input; a merge operator to the first usable
-  common peer at or after the positions of all its inputs ("first" in the order of
-  the lowest-keyed path, ties by name).
-* A peer is usable while it hosts fewer than ``slot_limit`` operators and has spare
-  capacity (> 0). When no peer ahead on the path is usable (the path has fewer hops
-  than operators, or they are full), the operator shares a path node at or after its
-  inputs or goes to a leaf-set peer of one, whichever has the most spare capacity
+  next to the source (data locality): a one-input operator goes to the first common
+  peer with room at least one hop after its input; a merge operator to the first
+  common peer with room at or after the positions of all its inputs ("first" in the
+  order of the lowest-keyed path, ties by name).
+* When no peer ahead on the path has room (the path has fewer hops than operators, or
+  they are full or nearly so), the operator shares a path node at or after its inputs
+  or goes to a leaf-set peer of one, whichever usable peer has the most spare capacity
   (on a tie a path node, so data stays on its path; then fewest operators, then
-  name). A leaf-set peer counts, for the operators after it, as sitting at the path
-  node whose leaf set it came from (its anchor).
+  name). So a busy path node gives its last share to an operator only when no peer
+  on or beside the path has more: the paper's rule (path nodes with capacity, then
+  the leaf set) with capacity read as room for one more operator; where every peer
+  has room (all idle, say) it is the paper's rule unchanged. A leaf-set peer counts,
+  for the operators after it, as sitting at the path node whose leaf set it came
+  from (its anchor).
 * Deployment runs along the reversed paths, sink side first (:attr:`Placement.deploy_order`).
 
 Everything is deterministic: inputs are visited in sorted order and ties are broken
@@ -48,6 +56,7 @@ from agiledart.app.graph import chains, topological_order
 from agiledart.app.spec import AppSpec, OperatorSpec
 
 __all__ = [
+    "DEFAULT_RESERVE",
     "DEFAULT_SLOT_LIMIT",
     "Hop",
     "PathKey",
@@ -59,6 +68,10 @@ __all__ = [
 
 #: Operators one peer hosts at most, unless told otherwise.
 DEFAULT_SLOT_LIMIT = 4
+
+#: Spare capacity one operator takes of a peer, unless told otherwise: one of
+#: :data:`DEFAULT_SLOT_LIMIT`. A peer with no more left is used only as overflow.
+DEFAULT_RESERVE = 1 / DEFAULT_SLOT_LIMIT
 
 #: ``(source id, sink id)``: which JOIN path.
 PathKey = tuple[str, str]
@@ -131,6 +144,7 @@ class _State:
     capacity: dict[str, float]
     leaf_sets: dict[str, tuple[str, ...]]
     slot_limit: int
+    reserve: float
     through: Mapping[str, set[PathKey]]  # operator id -> keys of paths through it
     used: dict[str, int] = field(default_factory=dict)
     host: dict[str, str] = field(default_factory=dict)  # node id -> peer
@@ -138,6 +152,9 @@ class _State:
 
     def usable(self, peer: str) -> bool:
         return self.used.get(peer, 0) < self.slot_limit and self.capacity.get(peer, 0.0) > 0
+
+    def has_room(self, peer: str) -> bool:
+        return self.usable(peer) and self.capacity[peer] > self.reserve
 
     def assign(self, node: str, peer: str, anchor: str) -> None:
         self.used[peer] = self.used.get(peer, 0) + 1
@@ -151,18 +168,24 @@ def place(
     peers: Mapping[str, PeerInfo] | None = None,
     *,
     slot_limit: int = DEFAULT_SLOT_LIMIT,
+    reserve: float = DEFAULT_RESERVE,
 ) -> Placement:
     """Place ``app``'s operators along its JOIN ``paths`` (one per source-sink pair).
 
     ``peers`` gives leaf sets and capacities; a path peer missing from it has the
     capacity its hop recorded and no leaf set, any other missing peer none (unusable).
+    ``slot_limit``: operators of the app one peer takes at most; ``reserve``: spare
+    capacity at or below which a path node is passed over (used only as overflow).
     """
     if slot_limit < 1:
         msg = f"slot limit must be at least 1, got {slot_limit}"
         raise PlacementError(msg)
+    if not 0.0 <= reserve < 1.0:
+        msg = f"reserve must be in [0, 1), got {reserve}"
+        raise PlacementError(msg)
     peers = peers or {}
     on_chain = _paths_through(app)
-    state = _state(app, paths, peers, on_chain, slot_limit)
+    state = _state(app, paths, peers, on_chain, slot_limit, reserve)
     for s in app.sources:
         state.host[s.id] = state.anchor[s.id] = s.peer
     for node in topological_order(app):
@@ -198,6 +221,7 @@ def _state(
     peers: Mapping[str, PeerInfo],
     on_chain: Mapping[str, set[PathKey]],
     slot_limit: int,
+    reserve: float,
 ) -> _State:
     """Validate ``paths`` against the app and gather capacities and leaf sets."""
     needed = {(c[0], sink) for sink, cs in chains(app).items() for c in cs}
@@ -222,6 +246,7 @@ def _state(
         capacity=capacity,
         leaf_sets={name: tuple(sorted(info.leaf_set)) for name, info in peers.items()},
         slot_limit=slot_limit,
+        reserve=reserve,
         through=on_chain,
     )
 
@@ -256,14 +281,14 @@ def _checked_capacity(item: Hop | PeerInfo, name: str = "") -> float:
 
 
 def _place_operator(op: OperatorSpec, keys: list[PathKey], state: _State) -> None:
-    """Put ``op`` on the first usable peer ahead on its paths, else overflow."""
+    """Put ``op`` on the first peer with room ahead on its paths, else overflow."""
     common = _common_peers(keys, state)
     if not common:
         msg = f"operator {op.id!r}: its paths {keys} share no peer to place it on"
         raise PlacementError(msg)
     step = 1 if len(op.inputs) == 1 else 0
     for peer in _at_or_after(op, keys, common, step, state):
-        if state.usable(peer):
+        if state.has_room(peer):
             state.assign(op.id, peer, peer)
             return
     _overflow(op, keys, _at_or_after(op, keys, common, 0, state), state)

@@ -82,6 +82,40 @@ def test_source_and_sink_on_one_peer() -> None:
     assert dict(p.operators) == {"f": ("A",), "kb": ("A",), "w": ("A",)}
 
 
+def test_path_node_without_room_is_passed_over() -> None:
+    """A quarter of spare capacity (the default reserve) is one operator's worth: B
+    would be left with nothing, so the chain starts one hop further."""
+    path = {("s", "k"): hops("A", "B", "C", "D", "E", "F")}
+    peers = {"B": PeerInfo(capacity=0.25), "C": PeerInfo(capacity=0.3)}
+    p = place(chain_app(), path, peers)
+    assert dict(p.operators) == {"f": ("C",), "kb": ("D",), "w": ("E",)}
+    # without a reserve any spare capacity will do
+    p = place(chain_app(), path, peers, reserve=0.0)
+    assert dict(p.operators) == {"f": ("B",), "kb": ("C",), "w": ("D",)}
+
+
+def test_last_room_of_a_path_node_goes_only_when_nothing_has_more() -> None:
+    peers = {
+        "A": PeerInfo(capacity=0.0),
+        "B": PeerInfo(("LB",), 0.25),
+        "F": PeerInfo(capacity=0.25),
+        "LB": PeerInfo(capacity=0.5),
+    }
+    p = place(chain_app(), {("s", "k"): hops("A", "B", "F")}, peers, slot_limit=1)
+    # f: neither B nor F has room, so overflow: LB has the most spare capacity (it
+    # counts as sitting at B); kb, w: nothing left with more than B and F, path first
+    assert dict(p.operators) == {"f": ("LB",), "kb": ("B",), "w": ("F",)}
+    assert p.deploy_order == ("F", "LB", "B", "A")
+
+
+def test_equal_capacities_keep_the_first_path_node_with_room() -> None:
+    """With nothing to choose between them, operators stay next to their inputs."""
+    peers = {n: PeerInfo((f"L{n}",), 0.5) for n in "BCDEF"}
+    peers |= {f"L{n}": PeerInfo(capacity=0.5) for n in "BCDEF"}
+    p = place(chain_app(), {("s", "k"): hops("A", "B", "C", "D", "E", "F")}, peers)
+    assert dict(p.operators) == {"f": ("B",), "kb": ("C",), "w": ("D",)}
+
+
 # --- rendezvous ----------------------------------------------------------------------
 
 
@@ -214,6 +248,9 @@ def test_bad_slot_limit_and_peer_capacity() -> None:
         place(chain_app(), {("s", "k"): hops("A", "F")}, slot_limit=0)
     with pytest.raises(PlacementError, match="capacity of peer 'F'"):
         place(chain_app(), {("s", "k"): hops("A", "F")}, {"F": PeerInfo(capacity=-0.1)})
+    for reserve in (-0.1, 1.0):
+        with pytest.raises(PlacementError, match=r"reserve must be in \[0, 1\)"):
+            place(chain_app(), {("s", "k"): hops("A", "F")}, reserve=reserve)
 
 
 def test_merge_with_no_common_peer() -> None:

@@ -49,7 +49,7 @@ def test_operators_are_spread_more_evenly_than_at_random(result: dict[str, Any])
     # a peer hosting 4 or more: rarer than if every operator picked a peer at random
     poisson_ge4 = 1 - sum(math.exp(-mean) * mean**k / math.factorial(k) for k in range(4))
     assert 1 - last["frac_peers_lt4_ops"] < poisson_ge4 / 1.5
-    assert last["frac_peers_lt4_ops"] >= 0.98
+    assert last["frac_peers_lt4_ops"] >= 0.998  # the 10,000-peer target (paper: 99.84%)
 
 
 def test_bad_configurations_are_refused() -> None:
