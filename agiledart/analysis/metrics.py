@@ -3,8 +3,8 @@
 Time is cut into windows of ``window_ms`` from the trace's first record
 (:attr:`Traces.t0_ms`): window ``w`` holds the records with
 ``w = floor((ts - t0) / window_ms)`` and starts ``w * window_ms / 1000`` seconds into
-the trace. Percentiles are Spark's exact ``percentile`` (linear interpolation between
-the closest ranks, numpy's default ``method="linear"``).
+the trace. Percentiles are exact (linear interpolation between the closest ranks,
+numpy's default ``method="linear"``; :mod:`~agiledart.analysis.stats`).
 
 ``opstats`` counters are cumulative per operator instance (``app``, ``operator``,
 ``peer``); an operator's throughput in a window is the sum over its instances of the
@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 from agiledart.analysis import plots
 from agiledart.analysis.model import Section, collect
 from agiledart.analysis.reader import Traces
+from agiledart.analysis.stats import percentile_of, sorted_values
 
 __all__ = ["PERCENTILES", "latency_section", "throughput_section", "window_of"]
 
@@ -34,10 +35,9 @@ def window_of(traces: Traces, window_ms: float) -> Column:
 
 
 def _latency_stats() -> list[Column]:
-    p = F.percentile(F.col("latency_ms"), F.array(*(F.lit(q) for q in PERCENTILES)))
     return [
         F.count(F.lit(1)).alias("count"),
-        p.alias("p"),
+        sorted_values("latency_ms").alias("values"),
         F.mean("latency_ms").alias("mean_ms"),
         F.max("latency_ms").alias("max_ms"),
     ]
@@ -47,7 +47,7 @@ def _spread(frame: DataFrame, *keys: str) -> DataFrame:
     return frame.select(
         *keys,
         "count",
-        *(F.col("p")[i].alias(f"p{round(q * 100)}_ms") for i, q in enumerate(PERCENTILES)),
+        *(percentile_of(F.col("values"), q).alias(f"p{round(q * 100)}_ms") for q in PERCENTILES),
         "mean_ms",
         "max_ms",
     )
@@ -78,10 +78,8 @@ def latency_section(traces: Traces, window_ms: float) -> Section:
     return section
 
 
-def throughput_section(traces: Traces, window_ms: float) -> Section:
-    section = Section("throughput", "Operator throughput", ("opstats",))
-    if not traces.has("opstats"):
-        return section
+def _increases(traces: Traces, window_ms: float) -> DataFrame:
+    """``opstats`` samples with their window and counter increases (``d_in``, ``d_out``)."""
     instance = Window.partitionBy("app", "operator", "peer").orderBy("ts")
 
     def increase(counter: str) -> Column:
@@ -90,44 +88,50 @@ def throughput_section(traces: Traces, window_ms: float) -> Section:
             before.isNotNull(), F.col(counter)
         )
 
-    seconds = window_ms / 1000.0
-    samples = traces.records("opstats").select(
+    return traces.records("opstats").select(
         "app",
         "operator",
         "peer",
-        "records_in",
-        "records_out",
         "queue",
         "utilization",
         window_of(traces, window_ms).alias("window"),
         increase("records_in").alias("d_in"),
         increase("records_out").alias("d_out"),
     )
-    windows = (
+
+
+def _per_window(samples: DataFrame, seconds: float) -> DataFrame:
+    return (
         samples.groupBy("app", "operator", "window")
         .agg(
             (F.coalesce(F.sum("d_in"), F.lit(0)) / seconds).alias("in_per_s"),
             (F.coalesce(F.sum("d_out"), F.lit(0)) / seconds).alias("out_per_s"),
-            F.countDistinct("peer").alias("instances"),
+            # the distinct peers of a few samples: a set per group, one aggregation
+            # (countDistinct would add a second one and an expansion of every row)
+            F.size(F.collect_set("peer")).alias("instances"),
             F.mean("queue").alias("queue_mean"),
             F.mean("utilization").alias("utilization_mean"),
         )
-        .withColumn("t_s", F.col("window") * F.lit(seconds))
         .select(
             "app",
             "operator",
             "window",
-            "t_s",
+            (F.col("window") * F.lit(seconds)).alias("t_s"),
             "in_per_s",
             "out_per_s",
             "instances",
             "queue_mean",
             "utilization_mean",
         )
-        .orderBy("app", "operator", "window")
     )
-    last = samples.groupBy("app", "operator", "peer").agg(
-        F.max("records_in").alias("records_in"), F.max("records_out").alias("records_out")
+
+
+def _per_operator(traces: Traces, windows: DataFrame) -> DataFrame:
+    """Counter totals (each instance's largest value, summed) and the window rates."""
+    last = (
+        traces.records("opstats")
+        .groupBy("app", "operator", "peer")
+        .agg(F.max("records_in").alias("records_in"), F.max("records_out").alias("records_out"))
     )
     totals = last.groupBy("app", "operator").agg(
         F.count(F.lit(1)).alias("instances"),
@@ -140,12 +144,28 @@ def throughput_section(traces: Traces, window_ms: float) -> Section:
         F.max("queue_mean").alias("queue_max"),
         F.mean("utilization_mean").alias("utilization_mean"),
     )
-    summary = totals.join(rates, ["app", "operator"]).orderBy("app", "operator")
-    by_window = collect(windows, "throughput_windows", f"Throughput per {window_ms:g} ms window")
-    section.tables += [
-        collect(summary, "throughput_summary", "Throughput per operator"),
-        by_window,
-    ]
+    return totals.join(rates, ["app", "operator"]).orderBy("app", "operator")
+
+
+def throughput_section(traces: Traces, window_ms: float) -> Section:
+    section = Section("throughput", "Operator throughput", ("opstats",))
+    if not traces.has("opstats"):
+        return section
+    # a few rows per operator and window: kept, so the summary does not sort the
+    # samples of every instance a second time
+    windows = _per_window(_increases(traces, window_ms), window_ms / 1000.0).persist()
+    try:
+        by_window = collect(
+            windows.orderBy("app", "operator", "window"),
+            "throughput_windows",
+            f"Throughput per {window_ms:g} ms window",
+        )
+        summary = collect(
+            _per_operator(traces, windows), "throughput_summary", "Throughput per operator"
+        )
+    finally:
+        windows.unpersist()
+    section.tables += [summary, by_window]
     section.notes.append(
         "Records out per second per operator, summed over its instances (counter "
         "increases between an instance's samples)."

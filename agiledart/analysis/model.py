@@ -63,6 +63,9 @@ class Section:
 
 
 def collect(frame: DataFrame, name: str, title: str) -> Table:
-    """Run ``frame`` and keep its rows as a :class:`Table`."""
-    rows = [tuple(row) for row in frame.collect()]
+    """Run ``frame`` and keep its rows as a :class:`Table` (through Arrow: a log table
+    of every record of a type can have hundreds of thousands of rows, which Spark's
+    row-by-row pickling brings over several times slower)."""
+    columns = [column.to_pylist() for column in frame.toArrow().columns]
+    rows = list(zip(*columns, strict=True)) if columns else []
     return Table(name=name, title=title, columns=list(frame.columns), rows=rows)

@@ -11,7 +11,7 @@ quantiles at Blom's plotting positions (i - 3/8) / (n + 1/4).
 
 from __future__ import annotations
 
-from pyspark.sql import Window
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from agiledart.analysis import plots
@@ -21,29 +21,64 @@ from agiledart.analysis.reader import Traces
 __all__ = ["placement_section", "scheduler_section"]
 
 
-def placement_section(traces: Traces) -> Section:
-    section = Section("placement", "Operator placement", ("placement",))
-    if not traces.has("placement"):
-        return section
+def _latest(traces: Traces) -> DataFrame:
+    """Each app's latest ``placement`` record."""
     newest = Window.partitionBy("app").orderBy(F.desc("ts"))
-    latest = (
+    return (
         traces.records("placement")
         .withColumn("n", F.row_number().over(newest))
         .where(F.col("n") == 1)
     )
+
+
+def _per_peer(traces: Traces, latest: DataFrame) -> DataFrame:
     instances = latest.select("app", F.explode("placement").alias("operator", "peers")).select(
         "app", "operator", F.explode("peers").alias("peer")
     )
     writers = traces.spark.createDataFrame([(p,) for p in traces.writer_peers], "peer string")
     peers = writers.unionByName(instances.select("peer")).distinct()
-    per_peer = (
+    return (
         peers.join(
             instances.groupBy("peer").agg(F.count(F.lit(1)).alias("operators")), "peer", "left"
         )
         .select("peer", F.coalesce("operators", F.lit(0)).alias("operators"))
         .orderBy(F.desc("operators"), "peer")
     )
-    table = collect(per_peer, "operators_per_peer", "Operator instances per peer")
+
+
+def placement_section(traces: Traces) -> Section:
+    section = Section("placement", "Operator placement", ("placement",))
+    if not traces.has("placement"):
+        return section
+    latest = _latest(traces).persist()  # one row per app, read by every table below
+    try:
+        table = collect(
+            _per_peer(traces, latest), "operators_per_peer", "Operator instances per peer"
+        )
+        placements = collect(
+            latest.select(
+                "app",
+                "name",
+                "strategy",
+                F.explode("placement").alias("operator", "peers"),
+            )
+            .select(
+                "app", "name", "strategy", "operator", F.array_join("peers", " ").alias("peers")
+            )
+            .orderBy("app", "operator"),
+            "placements",
+            "Latest placement of each app",
+        )
+        paths = collect(
+            latest.select("app", F.posexplode("paths").alias("i", "path"))
+            .select("app", "i", F.array_join("path", " > ").alias("path"))
+            .orderBy("app", "i"),
+            "placement_paths",
+            "Dataflow paths of each app (source to sink)",
+        )
+        apps = latest.count()
+    finally:
+        latest.unpersist()
     counts = table.column("operators")
     hist = sorted({c: counts.count(c) for c in counts}.items())
     histogram = Table(
@@ -52,29 +87,9 @@ def placement_section(traces: Traces) -> Section:
         ["operators", "peers"],
         [tuple(r) for r in hist],
     )
-    placements = collect(
-        latest.select(
-            "app",
-            "name",
-            "strategy",
-            F.explode("placement").alias("operator", "peers"),
-        )
-        .select("app", "name", "strategy", "operator", F.array_join("peers", " ").alias("peers"))
-        .orderBy("app", "operator"),
-        "placements",
-        "Latest placement of each app",
-    )
-    paths = collect(
-        latest.select("app", F.posexplode("paths").alias("i", "path"))
-        .select("app", "i", F.array_join("path", " > ").alias("path"))
-        .orderBy("app", "i"),
-        "placement_paths",
-        "Dataflow paths of each app (source to sink)",
-    )
     section.tables += [table, histogram, placements, paths]
     section.notes.append(
-        f"{len(counts)} peers, {sum(counts)} operator instances "
-        f"(latest placement of {latest.count()} apps)."
+        f"{len(counts)} peers, {sum(counts)} operator instances (latest placement of {apps} apps)."
     )
     section.plots += [plots.operators_per_peer(histogram), plots.normal_probability(table)]
     return section

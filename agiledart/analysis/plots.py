@@ -2,8 +2,11 @@
 
 Each function takes the :class:`~agiledart.analysis.model.Table` a figure shows and
 returns a :class:`~agiledart.analysis.model.Plot` whose ``draw`` fills a figure. A
-figure shows at most :data:`MAX_SERIES` series (the ones with most data); the CSV
-tables always have all of them.
+figure shows at most :data:`MAX_SERIES` series (the ones with most data), and a series
+of more than :data:`MAX_POINTS` points is drawn through every n-th of them (the first
+and the last kept: a figure is a few hundred pixels wide, and drawing a marker for
+each of a hundred thousand events is most of a report's time); the CSV tables always
+have every series and every row.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from matplotlib.figure import Figure
 from agiledart.analysis.model import Plot, Table
 
 __all__ = [
+    "MAX_POINTS",
     "MAX_SERIES",
     "checkpoints",
     "delay_cdf",
@@ -35,6 +39,7 @@ __all__ = [
 ]
 
 MAX_SERIES = 8
+MAX_POINTS = 2000
 
 Rows = list[dict[str, Any]]
 
@@ -48,8 +53,16 @@ def _series(table: Table, keys: Sequence[str]) -> list[tuple[str, Rows]]:
     return sorted(((" ".join(str(k) for k in key if k != ""), rows) for key, rows in ranked))
 
 
+def _thinned(rows: Sequence[Any]) -> Sequence[Any]:
+    """At most about :data:`MAX_POINTS` of ``rows``, evenly spaced, the last included."""
+    step = -(-len(rows) // MAX_POINTS)
+    if step <= 1:
+        return rows
+    return [*rows[::step], *([rows[-1]] if (len(rows) - 1) % step else [])]
+
+
 def _xy(rows: Rows, x: str, y: str) -> tuple[list[float], list[float]]:
-    kept = [(r[x], r[y]) for r in rows if r[x] is not None and r[y] is not None]
+    kept = _thinned([(r[x], r[y]) for r in rows if r[x] is not None and r[y] is not None])
     return [float(a) for a, _ in kept], [float(b) for _, b in kept]
 
 
@@ -246,9 +259,10 @@ def peer_events(log: Table) -> Plot:
     @_plot("peer_events", "Membership events over time")
     def draw(fig: Figure) -> None:
         ax = _axes(fig, "Membership", "time (s)", "subject")
-        kinds = sorted({str(e) for e in log.column("event")})
+        records = log.records()
+        kinds = sorted({str(r["event"]) for r in records})
         for kind in kinds:
-            rows = [r for r in log.records() if r["event"] == kind]
+            rows = _thinned([r for r in records if str(r["event"]) == kind])
             ax.plot(
                 _floats(r["t_s"] for r in rows), [str(r["subject"]) for r in rows], "o", label=kind
             )

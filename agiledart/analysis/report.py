@@ -1,7 +1,10 @@
 """Writing an analysis out: ``tables/*.csv``, ``plots/*.png``, ``summary.json`` and one
 ``report.html`` that refers to them by relative paths, so the folder reads offline.
 
-The HTML has no external resources. A small inline script marks ``<body>`` with
+A section is rendered (:func:`render`: CSV text and PNG bytes, in memory) as soon as
+its Spark jobs are done, while the other sections' jobs still run, and written with
+the page at the end (:func:`write_report`), so a failed analysis leaves an earlier
+report as it was. The HTML has no external resources. A small inline script marks ``<body>`` with
 ``data-images`` (the number of images), ``data-images-broken`` (those that did not
 load) and ``data-images-ok`` (``yes``/``no``) once the page has loaded, so a headless
 browser can check that every plot is there.
@@ -11,9 +14,11 @@ from __future__ import annotations
 
 import csv
 import html
+import io
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +27,7 @@ from matplotlib.figure import Figure
 
 from agiledart.analysis.model import Plot, Section, Table
 
-__all__ = ["PREVIEW_ROWS", "write_report"]
+__all__ = ["PREVIEW_ROWS", "Rendered", "render", "write_report"]
 
 PREVIEW_ROWS = 15
 
@@ -55,18 +60,36 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def write_csv(table: Table, path: Path) -> None:
-    with path.open("w", newline="") as fh:
-        out = csv.writer(fh)
-        out.writerow(table.columns)
-        out.writerows([_cell(v) for v in row] for row in table.rows)
+def csv_text(table: Table) -> str:
+    text = io.StringIO(newline="")
+    out = csv.writer(text)
+    out.writerow(table.columns)
+    out.writerows([_cell(v) for v in row] for row in table.rows)
+    return text.getvalue()
 
 
-def draw(plot: Plot, path: Path) -> None:
+def png(plot: Plot) -> bytes:
     fig = Figure(figsize=plot.size, dpi=100)
     FigureCanvasAgg(fig)  # the Agg backend, without pyplot's global state
     plot.draw(fig)
-    fig.savefig(path, format="png", bbox_inches="tight")
+    image = io.BytesIO()
+    fig.savefig(image, format="png", bbox_inches="tight")
+    return image.getvalue()
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A section's files before they are written: CSV text per table, PNG per plot."""
+
+    tables: dict[str, str]
+    plots: dict[str, bytes]
+
+
+def render(section: Section) -> Rendered:
+    return Rendered(
+        tables={t.name: csv_text(t) for t in section.tables},
+        plots={p.name: png(p) for p in section.plots},
+    )
 
 
 def _html_value(value: Any) -> tuple[str, bool]:
@@ -119,16 +142,22 @@ def _section_html(section: Section) -> str:
 
 
 def write_report(
-    out: Path, title: str, sections: Sequence[Section], summary: dict[str, Any]
+    out: Path,
+    title: str,
+    sections: Sequence[Section],
+    summary: dict[str, Any],
+    rendered: Sequence[Rendered] | None = None,
 ) -> Path:
-    """Write every table and plot of ``sections`` under ``out``, then ``report.html``."""
+    """Write every table and plot of ``sections`` under ``out`` (``rendered``: as
+    :func:`render` made them, one per section; rendered here if not given), then
+    ``report.html``."""
     (out / "tables").mkdir(parents=True, exist_ok=True)
     (out / "plots").mkdir(parents=True, exist_ok=True)
-    for section in sections:
-        for table in section.tables:
-            write_csv(table, out / "tables" / f"{table.name}.csv")
-        for plot in section.plots:
-            draw(plot, out / "plots" / f"{plot.name}.png")
+    for files in rendered if rendered is not None else [render(s) for s in sections]:
+        for name, text in files.tables.items():
+            (out / "tables" / f"{name}.csv").write_text(text, newline="")
+        for name, image in files.plots.items():
+            (out / "plots" / f"{name}.png").write_bytes(image)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     toc = "".join(
         f'<li><a href="#{s.key}">{html.escape(s.title)}</a>'

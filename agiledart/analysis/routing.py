@@ -13,12 +13,13 @@ summary has the exact final value. A null ``graph`` is shown as ``""``.
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from agiledart.analysis import plots
 from agiledart.analysis.model import Section, collect
 from agiledart.analysis.reader import Traces
+from agiledart.analysis.stats import percentile_of, sorted_values
 
 __all__ = ["CDF_POINTS", "CURVE_POINTS", "OUTCOMES", "routing_section", "shuffle_section"]
 
@@ -37,15 +38,18 @@ def _regret(deliveries: DataFrame) -> tuple[DataFrame, DataFrame]:
     scored = deliveries.where(F.col("optimal_ms").isNotNull())
     order = Window.partitionBy(*SERIES).orderBy("k", "ts")
     running = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    everything = Window.partitionBy(*SERIES)
+    # packets per series from a small aggregation, so that the curve needs one window
+    # (one sort of the deliveries), not a second over whole series
+    sizes = scored.groupBy(*SERIES).agg(F.count(F.lit(1)).alias("n"))
     curve = (
-        scored.select(
+        scored.join(F.broadcast(sizes), SERIES)
+        .select(
             *SERIES,
             "k",
             "delay_ms",
             "optimal_ms",
+            "n",
             F.row_number().over(order).alias("packets"),
-            F.count(F.lit(1)).over(everything).alias("n"),
             F.sum(F.col("delay_ms") - F.col("optimal_ms")).over(running).alias("regret_ms"),
         )
         .withColumn("step", F.greatest(F.lit(1), F.ceil(F.col("n") / CURVE_POINTS)))
@@ -73,8 +77,13 @@ def _regret(deliveries: DataFrame) -> tuple[DataFrame, DataFrame]:
 
 
 def _paths(deliveries: DataFrame) -> DataFrame:
-    counted = deliveries.groupBy(*SERIES, F.array_join("path", " > ").alias("path")).agg(
-        F.count(F.lit(1)).alias("packets")
+    # counted by the path's array, joined into text only once per distinct path (then
+    # counted again by the text, in case two arrays read the same)
+    counted = (
+        deliveries.groupBy(*SERIES, "path")
+        .agg(F.count(F.lit(1)).alias("packets"))
+        .groupBy(*SERIES, F.array_join("path", " > ").alias("path"))
+        .agg(F.sum("packets").alias("packets"))
     )
     series = Window.partitionBy(*SERIES)
     rank = Window.partitionBy(*SERIES).orderBy(F.desc("packets"), "path")
@@ -92,13 +101,15 @@ def _paths(deliveries: DataFrame) -> DataFrame:
 
 
 def _cdf(deliveries: DataFrame) -> DataFrame:
-    levels = [i / (CDF_POINTS - 1) for i in range(CDF_POINTS)]
-    q = F.percentile(F.col("delay_ms"), F.array(*(F.lit(x) for x in levels)))
+    last = CDF_POINTS - 1
+    levels = F.transform(
+        F.sequence(F.lit(0), F.lit(last)), lambda i: percentile_of(F.col("values"), i / last)
+    )
     return (
         deliveries.groupBy("policy", "graph")
-        .agg(q.alias("q"))
-        .select("policy", "graph", F.posexplode("q").alias("i", "delay_ms"))
-        .select("policy", "graph", (F.col("i") / (CDF_POINTS - 1)).alias("fraction"), "delay_ms")
+        .agg(sorted_values("delay_ms").alias("values"))
+        .select("policy", "graph", F.posexplode(levels).alias("i", "delay_ms"))
+        .select("policy", "graph", (F.col("i") / last).alias("fraction"), "delay_ms")
         .orderBy("policy", "graph", "fraction")
     )
 
@@ -128,38 +139,74 @@ def routing_section(traces: Traces) -> Section:
     return section
 
 
+def _attempts(traces: Traces) -> DataFrame:
+    """Hop attempts counted per policy, graph, hop, link and outcome, with their delay
+    sums: a few hundred rows, from which every shuffle table adds up."""
+    return (
+        traces.records("shuffle")
+        .groupBy(
+            "policy",
+            F.coalesce("graph", F.lit("")).alias("graph"),
+            "hop",
+            "node",
+            "next",
+            "outcome",
+        )
+        .agg(
+            F.count(F.lit(1)).alias("attempts"),
+            F.sum("delay_ms").alias("delay_sum"),
+            F.count("delay_ms").alias("delays"),
+        )
+    )
+
+
+def _delay_mean() -> Column:
+    return F.try_divide(F.sum("delay_sum"), F.sum("delays")).alias("delay_ms_mean")
+
+
+def _outcome_counts() -> list[Column]:
+    return [
+        F.sum("attempts").alias("attempts"),
+        *(
+            F.sum(F.when(F.col("outcome") == o, F.col("attempts")).otherwise(0)).alias(o)
+            for o in OUTCOMES
+        ),
+        _delay_mean(),
+    ]
+
+
 def shuffle_section(traces: Traces) -> Section:
     section = Section("shuffle", "Shuffle hop attempts", ("shuffle",))
     if not traces.has("shuffle"):
         return section
-    attempts = traces.records("shuffle").withColumn("graph", F.coalesce("graph", F.lit("")))
-    counts = [F.count(F.lit(1)).alias("attempts")] + [
-        F.count_if(F.col("outcome") == o).alias(o) for o in OUTCOMES
-    ]
-    rate = (F.col("ok") / F.col("attempts")).alias("success_rate")
-    outcomes = (
-        attempts.groupBy("policy", "graph", "outcome")
-        .agg(F.count(F.lit(1)).alias("attempts"), F.mean("delay_ms").alias("delay_ms_mean"))
-        .orderBy("policy", "graph", "outcome")
-    )
-    hops = (
-        attempts.groupBy("policy", "graph", "hop")
-        .agg(*counts, F.mean("delay_ms").alias("delay_ms_mean"))
-        .select("policy", "graph", "hop", "attempts", *OUTCOMES, rate, "delay_ms_mean")
-        .orderBy("policy", "graph", "hop")
-    )
-    links = (
-        attempts.groupBy("policy", "graph", "node", "next")
-        .agg(*counts, F.mean("delay_ms").alias("delay_ms_mean"))
-        .select("policy", "graph", "node", "next", "attempts", *OUTCOMES, rate, "delay_ms_mean")
-        .orderBy("policy", "graph", F.desc("attempts"), "node", "next")
-    )
-    by_outcome = collect(outcomes, "shuffle_outcomes", "Attempts per outcome")
-    section.tables += [
-        by_outcome,
-        collect(hops, "shuffle_hops", "Attempts per hop index"),
-        collect(links, "shuffle_links", "Attempts per link (node -> next)"),
-    ]
+    attempts = _attempts(traces).persist()
+    try:
+        rate = (F.col("ok") / F.col("attempts")).alias("success_rate")
+        outcomes = (
+            attempts.groupBy("policy", "graph", "outcome")
+            .agg(F.sum("attempts").alias("attempts"), _delay_mean())
+            .orderBy("policy", "graph", "outcome")
+        )
+        hops = (
+            attempts.groupBy("policy", "graph", "hop")
+            .agg(*_outcome_counts())
+            .select("policy", "graph", "hop", "attempts", *OUTCOMES, rate, "delay_ms_mean")
+            .orderBy("policy", "graph", "hop")
+        )
+        links = (
+            attempts.groupBy("policy", "graph", "node", "next")
+            .agg(*_outcome_counts())
+            .select("policy", "graph", "node", "next", "attempts", *OUTCOMES, rate, "delay_ms_mean")
+            .orderBy("policy", "graph", F.desc("attempts"), "node", "next")
+        )
+        by_outcome = collect(outcomes, "shuffle_outcomes", "Attempts per outcome")
+        section.tables += [
+            by_outcome,
+            collect(hops, "shuffle_hops", "Attempts per hop index"),
+            collect(links, "shuffle_links", "Attempts per link (node -> next)"),
+        ]
+    finally:
+        attempts.unpersist()
     section.notes.append("One shuffle record per transmission attempt over one link.")
     section.plots.append(plots.outcomes(by_outcome))
     return section

@@ -6,7 +6,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from agiledart.analysis.model import Section
+    from agiledart.analysis.report import Rendered
 
 __all__ = ["Analysis", "analyze"]
 
@@ -103,10 +104,7 @@ def _analyze(spark: SparkSession, trace_dir: Path, out: Path, window_ms: float) 
             lambda: timelines.checkpoint_section(traces),
             lambda: timelines.peer_section(traces),
         ]
-        # Spark runs jobs of several threads at once: while one job's query is planned
-        # and compiled on the driver, another's tasks use the cores
-        with ThreadPoolExecutor(JOBS_AT_ONCE, thread_name_prefix="analyze") as pool:
-            sections = list(pool.map(lambda job: job(), jobs))
+        sections, rendered = _run(jobs)
     finally:
         traces.release()
     jobs_at = time.perf_counter()
@@ -124,7 +122,9 @@ def _analyze(spark: SparkSession, trace_dir: Path, out: Path, window_ms: float) 
         "plots": [p.name for s in sections for p in s.plots],
         "empty_sections": [s.key for s in sections if s.empty],
     }
-    report = write_report(out, f"agiledart trace analysis: {trace_dir.name}", sections, summary)
+    report = write_report(
+        out, f"agiledart trace analysis: {trace_dir.name}", sections, summary, rendered
+    )
     return Analysis(
         out=out,
         report=report,
@@ -139,6 +139,32 @@ def _analyze(spark: SparkSession, trace_dir: Path, out: Path, window_ms: float) 
             "report_s": round(time.perf_counter() - jobs_at, 2),
         },
     )
+
+
+def _run(jobs: list[Callable[[], Section]]) -> tuple[list[Section], list[Rendered]]:
+    """Run the jobs, a few at once (while one job's query is planned and compiled on the
+    driver, another's tasks use the cores), and render each section (its CSV text and
+    PNG images, on one thread: matplotlib is not thread-safe) as soon as it is done,
+    while later jobs still run."""
+    from agiledart.analysis.report import render
+
+    with (
+        ThreadPoolExecutor(JOBS_AT_ONCE, thread_name_prefix="analyze") as pool,
+        ThreadPoolExecutor(1, thread_name_prefix="render") as painter,
+    ):
+        running = {pool.submit(job): i for i, job in enumerate(jobs)}
+        sections: dict[int, Section] = {}
+        rendering: dict[int, Future[Rendered]] = {}
+        try:
+            for done in as_completed(running):
+                i = running[done]
+                sections[i] = done.result()
+                rendering[i] = painter.submit(render, sections[i])
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
+        order = range(len(jobs))
+        return [sections[i] for i in order], [rendering[i].result() for i in order]
 
 
 def _clear(out: Path) -> None:

@@ -60,8 +60,9 @@ DEFAULTS: dict[str, str] = {
 
 
 def require_analysis_extra() -> None:
-    """Raise :class:`SparkUnavailableError` unless pyspark and matplotlib import."""
-    for module in ("pyspark", "matplotlib"):
+    """Raise :class:`SparkUnavailableError` unless pyspark, pyarrow (results come back
+    through Arrow) and matplotlib import."""
+    for module in ("pyspark", "pyarrow", "matplotlib"):
         try:
             found = importlib.util.find_spec(module) is not None
         except (ImportError, ValueError):
