@@ -96,7 +96,9 @@ def _port(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``only``, the commands of other modules except
+    ``only`` are named but not built (their modules are not imported)."""
     parser = argparse.ArgumentParser(
         prog="agiledart",
         description="A decentralized stream processing engine for edge networks.",
@@ -249,23 +251,72 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.set_defaults(func=_cmd_keygen)
 
-    from agiledart.analysis.command import add_parser as add_analyze
-    from agiledart.cli_apps import add_parsers as add_app_commands
-    from agiledart.emulate import add_parser as add_emulate
-    from agiledart.sensors import add_parser as add_sensors
-    from agiledart.site.cli import add_parser as add_dashboard_url
-
-    add_app_commands(sub, _add_via, call_peer, _run)
-
-    add_emulate(sub)
-    add_analyze(sub)
-    add_sensors(sub)
-    add_dashboard_url(sub, _add_via, call_peer, _run)
+    for module, names in _ELSEWHERE.items():
+        if only is None or only in names:
+            _add_commands_of(module, sub)
+        else:  # named, for `invalid choice` errors; never parsed into
+            for name in names:
+                sub.add_parser(name)
     return parser
 
 
+#: The commands other modules define, by module. Only the module of the command being
+#: run is imported (every one for the top-level help), so a one-shot query such as
+#: ``status`` or ``ring`` does not load the runtime, the emulator and the MQTT client,
+#: which on a Raspberry Pi is seconds of start-up.
+_ELSEWHERE: dict[str, tuple[str, ...]] = {
+    "agiledart.cli_apps": ("register", "submit", "apps", "status", "stop"),
+    "agiledart.emulate": ("emulate",),
+    "agiledart.analysis.command": ("analyze",),
+    "agiledart.sensors": ("sensors",),
+    "agiledart.site.cli": ("dashboard-url",),
+}
+
+
+def _add_commands_of(module: str, sub: Any) -> None:
+    if module == "agiledart.cli_apps":
+        from agiledart.cli_apps import add_parsers
+
+        add_parsers(sub, _add_via, call_peer, _run)
+    elif module == "agiledart.emulate":
+        from agiledart.emulate import add_parser as add_emulate
+
+        add_emulate(sub)
+    elif module == "agiledart.analysis.command":
+        from agiledart.analysis.command import add_parser as add_analyze
+
+        add_analyze(sub)
+    elif module == "agiledart.sensors":
+        from agiledart.sensors import add_parser as add_sensors
+
+        add_sensors(sub)
+    elif module == "agiledart.site.cli":
+        from agiledart.site.cli import add_parser as add_dashboard_url
+
+        add_dashboard_url(sub, _add_via, call_peer, _run)
+    else:
+        msg = f"no commands registered for {module}"
+        raise AssertionError(msg)
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names (its first positional argument, which argparse then
+    checks), or ``None`` for the top-level help, whose list needs every command's
+    description."""
+    args = iter(argv)
+    for arg in args:
+        if arg == "--log-level":
+            next(args, None)
+        elif arg in ("-h", "--help", "--version"):
+            return None
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(only=_command_of(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
@@ -358,9 +409,9 @@ def _run(coro: Any) -> Any:
 
 async def call_peer(args: argparse.Namespace, rpc: str, body: dict[str, Any]) -> Any:
     """One control RPC to the ``--via`` peer."""
+    from agiledart.overlay.address import parse_address
     from agiledart.overlay.errors import ConfigError
     from agiledart.overlay.tcp import FrameClient
-    from agiledart.peer import parse_address
 
     if not args.via:
         msg = f"no peer to talk to: pass --via HOST:PORT or set ${ENV_PEER}"

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from agiledart.errors import AgiledartError
 from agiledart.overlay import ids
+from agiledart.overlay.address import Address, parse_address
 from agiledart.overlay.auth import ClusterKey
 from agiledart.overlay.config import OverlayConfig
 from agiledart.overlay.errors import ConfigError
@@ -42,24 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Address = tuple[str, int]
-
 __all__ = ["Peer", "PeerConfig", "parse_address"]
-
-
-def parse_address(
-    text: str, *, default_port: int | None = None, listening: bool = False
-) -> Address:
-    """``HOST:PORT`` (or ``[v6]:PORT``) into a tuple, with a clear error."""
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host, port = text, "" if default_port is None else str(default_port)
-    host = host.strip("[]")
-    lowest = 0 if listening else 1  # port 0 when listening: any free port
-    if not host or not port.isdigit() or not lowest <= int(port) < 65536:
-        msg = f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:4000)"
-        raise ConfigError(msg)
-    return host, int(port)
 
 
 @dataclass(frozen=True, kw_only=True)

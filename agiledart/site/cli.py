@@ -33,9 +33,9 @@ def add_parser(
 
 
 def _dashboard_url(args: argparse.Namespace, call: Call, run: Callable[[Any], Any]) -> int:
+    from agiledart.overlay.address import parse_address
     from agiledart.overlay.auth import load_cluster_key
     from agiledart.overlay.tcp import RemoteError
-    from agiledart.peer import parse_address
     from agiledart.site.dashboard import dashboard_token
     from agiledart.site.errors import NoSiteServices
     from agiledart.site.service import url_host
