@@ -81,8 +81,15 @@ def _analyze(spark: SparkSession, trace_dir: Path, out: Path, window_ms: float) 
     from agiledart.analysis.report import write_report
 
     started = time.perf_counter()
+    log.info("reading the traces under %s", trace_dir)
     traces = read_traces(spark, trace_dir)
     read_at = time.perf_counter()
+    log.info(
+        "read %d lines from %d files in %.1f s; computing the tables",
+        traces.lines,
+        len(traces.files),
+        read_at - started,
+    )
     try:
         if traces.malformed.total:
             log.warning(
@@ -156,10 +163,11 @@ def _run(jobs: list[Callable[[], Section]]) -> tuple[list[Section], list[Rendere
         sections: dict[int, Section] = {}
         rendering: dict[int, Future[Rendered]] = {}
         try:
-            for done in as_completed(running):
+            for n, done in enumerate(as_completed(running), start=1):
                 i = running[done]
                 sections[i] = done.result()
                 rendering[i] = painter.submit(render, sections[i])
+                log.info("%d/%d sections: %s", n, len(jobs), sections[i].title)
         except BaseException:
             pool.shutdown(cancel_futures=True)
             raise

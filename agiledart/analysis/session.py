@@ -104,6 +104,9 @@ def spark_session(
         builder = SparkSession.builder.master(master or LOCAL_MASTER).appName("agiledart-analyze")
         for key, value in settings.items():
             builder = builder.config(key, value)
+        logging.getLogger("agiledart.analysis").info(
+            "starting Spark (%s; a few seconds)", master or LOCAL_MASTER
+        )
         try:
             spark = builder.getOrCreate()
         except (PySparkException, OSError) as exc:
