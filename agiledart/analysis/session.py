@@ -39,6 +39,10 @@ appender.console.name = console
 appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = spark %p %c{1}: %m%n
+# PySpark counts as a shell: Spark prints "Setting default log level to WARN" unless
+# the logger of the class that first logs has a level of its own, equal to the root's
+logger.spark.name = org.apache.spark
+logger.spark.level = error
 """
 
 #: Spark generates one Java method per stage of a query, and the per-line stage of the
