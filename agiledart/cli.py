@@ -353,7 +353,8 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def _cmd_peer(args: argparse.Namespace) -> int:
-    from agiledart.peer import Peer, PeerConfig, parse_address
+    from agiledart.overlay.address import parse_address
+    from agiledart.peer import Peer, PeerConfig
 
     config = PeerConfig(
         listen=parse_address(args.listen, listening=True),

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from agiledart.errors import AgiledartError
 from agiledart.overlay import ids
-from agiledart.overlay.address import Address, parse_address
+from agiledart.overlay.address import Address
 from agiledart.overlay.auth import ClusterKey
 from agiledart.overlay.config import OverlayConfig
 from agiledart.overlay.errors import ConfigError
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Peer", "PeerConfig", "parse_address"]
+__all__ = ["Peer", "PeerConfig"]
 
 
 @dataclass(frozen=True, kw_only=True)

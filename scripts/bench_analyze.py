@@ -216,19 +216,11 @@ def write_traces(directory: Path, rows: int, seed: int = 0) -> int:
 def _parse_only(spark: Any, traces: Path) -> float:
     """Seconds Spark's JSON source takes to parse every line of ``traces`` against the
     analysis's explicit schema, writing nothing (the ``noop`` sink)."""
-    from agiledart.analysis.schemas import CORRUPT, union_schema
+    from agiledart.analysis.reader import json_lines
     from agiledart.traces.writer import trace_files
 
     started = time.perf_counter()
-    (
-        spark.read.schema(union_schema())
-        .option("mode", "PERMISSIVE")
-        .option("columnNameOfCorruptRecord", CORRUPT)
-        .json([str(f) for f in trace_files(traces)])
-        .write.format("noop")
-        .mode("overwrite")
-        .save()
-    )
+    json_lines(spark, trace_files(traces)).write.format("noop").mode("overwrite").save()
     return time.perf_counter() - started
 
 

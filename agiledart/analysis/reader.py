@@ -26,6 +26,7 @@ reported and skipped, they never stop an analysis.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
@@ -48,7 +49,7 @@ from agiledart.analysis.schemas import (
 )
 from agiledart.traces.writer import trace_files
 
-__all__ = ["REASONS", "Malformed", "Traces", "kind_code", "read_traces"]
+__all__ = ["REASONS", "Malformed", "Traces", "json_lines", "kind_code", "read_traces"]
 
 #: verdicts of malformed lines, -1, -2, ... in the ``kind`` column
 REASONS = ("not_json", "unknown_type", "unsupported_version", "bad_fields")
@@ -173,6 +174,18 @@ def _bad_line(names: list[str]) -> Column:
     return F.concat(F.input_file_name(), F.lit("\n"), text)
 
 
+def json_lines(spark: SparkSession, files: Sequence[Path]) -> DataFrame:
+    """Every line of ``files`` parsed against the union schema (PERMISSIVE: a line that
+    does not fit keeps its text in :data:`~agiledart.analysis.schemas.CORRUPT`)."""
+    return (
+        spark.read.schema(union_schema())
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", CORRUPT)
+        .option("ignoreCorruptFiles", "true")
+        .json([str(f) for f in files])
+    )
+
+
 def read_traces(spark: SparkSession, directory: Path) -> Traces:
     """Parse every trace file under ``directory`` (``<peer>/trace-NNNNNN.ndjson[.gz]``)."""
     directory = Path(directory)
@@ -183,15 +196,8 @@ def read_traces(spark: SparkSession, directory: Path) -> Traces:
     if not files:
         msg = f"no trace files (<peer>/trace-NNNNNN.ndjson[.gz]) under {directory}"
         raise AnalysisUsageError(msg)
-    schema = union_schema()
-    names = [f.name for f in schema.fields if f.name != CORRUPT]
-    parsed = (
-        spark.read.schema(schema)
-        .option("mode", "PERMISSIVE")
-        .option("columnNameOfCorruptRecord", CORRUPT)
-        .option("ignoreCorruptFiles", "true")
-        .json([str(f) for f in files])
-    )
+    parsed = json_lines(spark, files)
+    names = [name for name in parsed.columns if name != CORRUPT]
     code = F.array_position(F.array(*(F.lit(k) for k in RECORD_TYPES)), F.col("type"))
     judged = (
         parsed.select(code.cast("int").alias("code"), *names, CORRUPT)

@@ -146,14 +146,13 @@ def write_report(
     title: str,
     sections: Sequence[Section],
     summary: dict[str, Any],
-    rendered: Sequence[Rendered] | None = None,
+    rendered: Sequence[Rendered],
 ) -> Path:
-    """Write every table and plot of ``sections`` under ``out`` (``rendered``: as
-    :func:`render` made them, one per section; rendered here if not given), then
-    ``report.html``."""
+    """Write the tables and plots :func:`render` made of ``sections`` (``rendered``, one
+    per section) under ``out``, then ``report.html``."""
     (out / "tables").mkdir(parents=True, exist_ok=True)
     (out / "plots").mkdir(parents=True, exist_ok=True)
-    for files in rendered if rendered is not None else [render(s) for s in sections]:
+    for files in rendered:
         for name, text in files.tables.items():
             (out / "tables" / f"{name}.csv").write_text(text, newline="")
         for name, image in files.plots.items():
