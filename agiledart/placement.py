@@ -27,8 +27,9 @@ them (:class:`PeerInfo`). :func:`place` is a pure function of those values:
 * When no peer ahead on the path has room (the path has fewer hops than operators, or
   they are full or nearly so), the operator shares a path node at or after its inputs
   or goes to a leaf-set peer of one, whichever usable peer has the most spare capacity
-  (on a tie a path node, so data stays on its path; then fewest operators, then
-  name). So a busy path node gives its last share to an operator only when no peer
+  (on a tie a path node, so data stays on its path; then the fewest of the app's
+  nodes, its sources and sinks counted, so an idle peer goes before the one producing
+  the input; then name). So a busy path node gives its last share to an operator only when no peer
   on or beside the path has more: the paper's rule (path nodes with capacity, then
   the leaf set) with capacity read as room for one more operator; where every peer
   has room (all idle, say) it is the paper's rule unchanged. A leaf-set peer counts,
@@ -47,6 +48,7 @@ which returns the same :class:`Placement`.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -146,6 +148,7 @@ class _State:
     slot_limit: int
     reserve: float
     through: Mapping[str, set[PathKey]]  # operator id -> keys of paths through it
+    pinned: Mapping[str, int]  # peer -> the app's sources and sinks on it
     used: dict[str, int] = field(default_factory=dict)
     host: dict[str, str] = field(default_factory=dict)  # node id -> peer
     anchor: dict[str, str] = field(default_factory=dict)  # node id -> path peer
@@ -248,6 +251,7 @@ def _state(
         slot_limit=slot_limit,
         reserve=reserve,
         through=on_chain,
+        pinned=Counter(n.peer for n in (*app.sources, *app.sinks)),
     )
 
 
@@ -337,11 +341,17 @@ def _overflow(op: OperatorSpec, keys: list[PathKey], nodes: list[str], state: _S
         )
         raise PlacementError(msg)
     # most spare capacity first; on a tie a path node (data stays on the path) before a
-    # leaf-set peer, then the least loaded, then by name
+    # leaf-set peer, then the one with fewest of the app's nodes (its operators, sources
+    # and sinks: a source's peer is busy producing), then by name
     on_path = set(nodes)
     best = min(
         usable,
-        key=lambda p: (-state.capacity[p], p not in on_path, state.used.get(p, 0), p),
+        key=lambda p: (
+            -state.capacity[p],
+            p not in on_path,
+            state.used.get(p, 0) + state.pinned.get(p, 0),
+            p,
+        ),
     )
     state.assign(op.id, best, candidates[best])
 

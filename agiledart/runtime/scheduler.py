@@ -61,7 +61,7 @@ from agiledart.strategies.survey import LinkDelays, survey
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AppRecord", "PeerDirectory", "Scheduler", "SchedulerRole"]
+__all__ = ["AppRecord", "PeerDirectory", "Scheduler", "SchedulerRole", "path_peer_infos"]
 
 APPS_INDEX = record_key("index", "apps")
 LIVE_STATES = ("deploying", "running")
@@ -393,21 +393,21 @@ class Scheduler:
     async def _path_peers(
         self, paths: Mapping[tuple[str, str], list[Hop]], seen: dict[str, Address]
     ) -> tuple[dict[str, PeerInfo], dict[str, Address]]:
-        """Leaf sets of the path peers (for overflow) and every address they know."""
+        """What placement weighs: the path peers' spare capacity (as their JOIN hops
+        recorded it) and leaf sets, and the spare capacity of those leaf-set peers (as
+        the path peer last heard it), for overflow; and every address they know."""
         addresses = dict(seen)
         names = sorted({h.peer for hops in paths.values() for h in hops})
 
-        async def info(name: str) -> tuple[str, PeerInfo]:
+        async def ring(name: str) -> dict[str, Any] | None:
             try:
-                ring = await self.links.request(addresses[name], "ring", {}, timeout=5.0)
+                reply = await self.links.request(addresses[name], "ring", {}, timeout=5.0)
             except (OverlayError, KeyError):
-                return name, PeerInfo(capacity=1.0)
-            for p in ring.get("peers", ()):
-                host, _, port = str(p["address"]).rpartition(":")
-                addresses.setdefault(p["name"], (host, int(port)))
-            return name, PeerInfo(leaf_set=tuple(ring.get("leaf_set", ())), capacity=1.0)
+                return None
+            return reply if isinstance(reply, dict) else None
 
-        return dict(await asyncio.gather(*(info(n) for n in names))), addresses
+        rings = dict(zip(names, await asyncio.gather(*(ring(n) for n in names)), strict=True))
+        return path_peer_infos(paths, rings, addresses), addresses
 
     async def _call(
         self, address: Address, type: str, body: dict[str, Any], *, timeout: float = 10.0
@@ -1174,6 +1174,45 @@ def _without_samples(stats: dict[str, Any]) -> dict[str, Any]:
             peer_stats = {**peer_stats, "sinks": sinks}
         out[peer] = peer_stats
     return out
+
+
+def path_peer_infos(
+    paths: Mapping[tuple[str, str], Sequence[Hop]],
+    rings: Mapping[str, dict[str, Any] | None],
+    addresses: dict[str, Address],
+) -> dict[str, PeerInfo]:
+    """Placement's view of the path peers and their leaf sets from the path peers'
+    ``ring`` replies (``None``: it did not answer; it keeps its hop's capacity and has
+    no leaf set). A leaf-set peer gets the spare capacity its path peer last heard
+    (so it is a candidate for overflow, as the paper's rule has it), and ``addresses``
+    every address the replies name; an entry without a usable address is no candidate."""
+    recorded: dict[str, float] = {}
+    for hops in paths.values():
+        for hop in hops:  # as placement reads hops: a peer on two paths, the larger
+            recorded[hop.peer] = max(recorded.get(hop.peer, 0.0), hop.capacity)
+    infos = {name: PeerInfo(capacity=capacity) for name, capacity in recorded.items()}
+    heard: dict[str, float] = {}
+    for name, reply in sorted(rings.items()):
+        if reply is None or name not in infos:
+            continue
+        for p in reply.get("peers", ()):
+            try:
+                host, _, port = str(p["address"]).rpartition(":")
+                address = (host, int(port))
+                capacity = float(p.get("capacity", 1.0))
+            except (KeyError, TypeError, ValueError):
+                continue
+            if not p.get("name") or not host or capacity != capacity or p.get("suspect"):
+                continue  # unnamed, no host, a NaN, or missing heartbeats: not a candidate
+            addresses.setdefault(str(p["name"]), address)
+            heard.setdefault(str(p["name"]), min(max(capacity, 0.0), 1.0))
+        members = reply.get("leaf_set", ())
+        leaf_set = tuple(str(n) for n in members) if isinstance(members, list) else ()
+        infos[name] = PeerInfo(leaf_set=leaf_set, capacity=infos[name].capacity)
+    for name, capacity in heard.items():
+        if name not in infos:
+            infos[name] = PeerInfo(capacity=capacity)
+    return infos
 
 
 def _place_somewhere(
