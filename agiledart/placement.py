@@ -251,7 +251,7 @@ def _state(
         slot_limit=slot_limit,
         reserve=reserve,
         through=on_chain,
-        pinned=Counter(n.peer for n in (*app.sources, *app.sinks)),
+        pinned=Counter([s.peer for s in app.sources] + [k.peer for k in app.sinks]),
     )
 
 
