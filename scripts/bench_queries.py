@@ -25,7 +25,11 @@ cores / 4 GB at ~500 KB per rule. Last line with ``--json``: the largest Q's fig
 (``queries``, ``submit_p99_ms``, ``latency_p99_ms``, ``connections_per_peer``,
 ``rss_mb_per_peer``, ``kb_per_query``) and every Q's under ``runs``.
 
-    python scripts/bench_queries.py [--queries 100,1000,3000] [--seconds 35] [--json]
+A Q whose run fails (a peer too busy to answer a request in time, say) is reported
+with its ``error`` and the next Q runs.
+
+    python scripts/bench_queries.py [--queries 100,1000,3000] [--seconds 35]
+        [--set checkpoint.mode=restart] [--json]
 """
 
 from __future__ import annotations
@@ -145,7 +149,7 @@ def quantile(xs: list[float], q: float) -> float | None:
     return round(xs[min(len(xs) - 1, int(q * len(xs)))], 2)
 
 
-async def run_q(q: int, seconds: float) -> dict[str, Any]:
+async def run_q(q: int, seconds: float, overrides: list[str]) -> dict[str, Any]:
     import aiomqtt
 
     from agiledart.emulate import LocalCluster
@@ -156,13 +160,15 @@ async def run_q(q: int, seconds: float) -> dict[str, Any]:
             site = Path(tmp) / "site"
             site.mkdir()
             with LocalCluster(PEERS, port=free_port(), workdir=site) as cluster:
-                return await _run(cluster, port, q, seconds, aiomqtt)
+                return await _run(cluster, port, q, seconds, overrides, aiomqtt)
         finally:
             broker.terminate()
             broker.wait(10)
 
 
-async def _run(cluster: Any, port: int, q: int, seconds: float, aiomqtt: Any) -> dict[str, Any]:
+async def _run(
+    cluster: Any, port: int, q: int, seconds: float, overrides: list[str], aiomqtt: Any
+) -> dict[str, Any]:
     await cluster.wait_formed()
     pids = [p.pid for p in cluster.procs]
     base_rss = [rss_kb(pid) for pid in pids]
@@ -215,7 +221,8 @@ async def _run(cluster: Any, port: int, q: int, seconds: float, aiomqtt: Any) ->
             )
             async with sem:
                 t = time.monotonic()
-                await cluster.request(i % PEERS, "submit", {"spec": spec, "set": []}, timeout=120)
+                body = {"spec": spec, "set": list(overrides)}
+                await cluster.request(i % PEERS, "submit", body, timeout=120)
                 submit_ms.append((time.monotonic() - t) * 1000)
             if len(submit_ms) % max(1, q // 10) == 0:
                 log(f"Q={q}: {len(submit_ms)} submitted")
@@ -247,17 +254,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", default="100,1000,3000", help="comma-separated Q values")
     parser.add_argument("--seconds", type=float, default=35.0, help="publishing time per Q")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override for every query, as `submit --set` takes it "
+        "(e.g. checkpoint.mode=restart); repeatable",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
-    runs = []
+    runs: list[dict[str, Any]] = []
     for q in (int(x) for x in args.queries.split(",")):
         log(f"Q={q}: starting {PEERS} peers and mosquitto")
-        result = asyncio.run(run_q(q, args.seconds))
+        try:
+            result = asyncio.run(run_q(q, args.seconds, args.set))
+        except Exception as exc:  # a peer too busy to answer, say: report it, go on
+            result = {"queries": q, "error": f"{type(exc).__name__}: {exc}"}
         log(json.dumps(result))
         runs.append(result)
     last = runs[-1]
     keys = ("queries", "submit_p99_ms", "latency_p99_ms", "connections_per_peer")
-    report = {k: last[k] for k in (*keys, "rss_mb_per_peer", "kb_per_query")}
+    report: dict[str, Any] = {
+        k: last.get(k) for k in (*keys, "rss_mb_per_peer", "kb_per_query", "error")
+    }
+    report["overrides"] = args.set
     report["runs"] = runs
     print(json.dumps(report) if args.json else json.dumps(report, indent=2))
     return 0

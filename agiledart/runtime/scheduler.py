@@ -204,6 +204,7 @@ class Scheduler:
         self._tasks: set[asyncio.Future[None]] = set()
         #: per app: the epoch being cut (epoch, started, reports) and the next one
         self._pending: dict[str, _Epoch] = {}
+        self._specs: dict[str, tuple[dict[str, Any], AppSpec]] = {}  #: live apps' parsed
         self._next_epoch: dict[str, int] = {}
         self._cp_loops: dict[str, asyncio.Future[None]] = {}
 
@@ -432,6 +433,8 @@ class Scheduler:
             return None
 
     async def _save(self, rec: AppRecord) -> None:
+        if rec.state not in LIVE_STATES:
+            self._specs.pop(rec.app_id, None)
         try:
             await self.records.put(record_key("app", rec.app_id), rec.to_wire())
         except AgiledartError as exc:
@@ -483,6 +486,19 @@ class Scheduler:
 
     # -- checkpoints (agiledart.runtime.epochs) ------------------------------------------
 
+    def _spec_of(self, rec: AppRecord) -> AppSpec:
+        """``rec``'s spec, parsed once while the app lives (every checkpoint report and
+        scaling request reads it; a record's spec is replaced, never changed in place)."""
+        cached = self._specs.get(rec.app_id)
+        if cached is not None and cached[0] is rec.spec:
+            return cached[1]
+        spec = parse_spec(rec.spec)
+        if rec.state in LIVE_STATES:
+            self._specs[rec.app_id] = (rec.spec, spec)
+        else:
+            self._specs.pop(rec.app_id, None)
+        return spec
+
     async def _checkpoint_loop(self, app_id: str) -> None:
         """Cut an epoch every ``interval_ms`` while the app lives: barriers into its
         sources; the next one only once the last committed (or timed out)."""
@@ -491,7 +507,7 @@ class Scheduler:
                 rec = self.apps.get(app_id)
                 if rec is None or rec.state not in LIVE_STATES:
                     return
-                spec = parse_spec(rec.spec)
+                spec = self._spec_of(rec)
                 interval = spec.checkpoint.interval_ms / 1000.0
                 await asyncio.sleep(interval)
                 if rec.state not in LIVE_STATES or self.apps.get(app_id) is not rec:
@@ -538,7 +554,7 @@ class Scheduler:
             await self._commit(rec, pending)
 
     def _complete(self, rec: AppRecord, pending: _Epoch) -> bool:
-        spec = parse_spec(rec.spec)
+        spec = self._spec_of(rec)
         if set(pending.sources) < set(rec.sources):
             return False
         done = set(self._sinks_done.get(rec.app_id, {}))
@@ -646,7 +662,7 @@ class Scheduler:
         await asyncio.gather(
             *(self._quiet(_addr(rec, p), "app_rebind", body) for p in sorted(rec.addresses))
         )
-        spec = parse_spec(rec.spec)
+        spec = self._spec_of(rec)
         if _checkpointing(spec) is not None and rec.app_id not in self._cp_loops:
             self._cp_loops[rec.app_id] = asyncio.ensure_future(self._checkpoint_loop(rec.app_id))
 
@@ -691,7 +707,7 @@ class Scheduler:
         file sinks cut back to their committed size), else to its beginning. What
         ``dead`` hosted, and any other host that no longer answers (several may die at
         once), moves to the live peer closest to the dead one's id."""
-        spec = parse_spec(rec.spec)
+        spec = self._spec_of(rec)
         others = sorted(p for p in rec.hosts() if p not in (dead, self.name))
         answers = await asyncio.gather(*(self._answers(rec, p) for p in others))
         gone = {dead} | {p for p, ok in zip(others, answers, strict=True) if not ok}
@@ -798,7 +814,7 @@ class Scheduler:
             or any(peer not in rec.placement.get(op, ()) for op in operators)
         ):
             return False
-        cooldown = parse_spec(rec.spec).scaling.cooldown_ms / 1000.0
+        cooldown = self._spec_of(rec).scaling.cooldown_ms / 1000.0
         recent = [
             e
             for e in rec.rescales
@@ -850,7 +866,7 @@ class Scheduler:
             rec.generation += 1
             self._sinks_done[app_id] = {}
             self._pending.pop(app_id, None)
-            spec = parse_spec(rec.spec)
+            spec = self._spec_of(rec)
             hosts: dict[str, tuple[str, ...]] = {s.id: (s.peer,) for s in spec.sources}
             hosts |= {k.id: (k.peer,) for k in spec.sinks}
             hosts |= {op: tuple(peers) for op, peers in rec.placement.items()}

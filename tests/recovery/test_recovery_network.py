@@ -62,7 +62,8 @@ def test_a_corrupt_fragment_on_disk_is_skipped_for_a_spare(site: LocalCluster) -
     assert site.workdir is not None
     # flip a byte in the block of holder 0's fragment (the one load asks first)
     folder = site.workdir / site.name(0) / "fragments"
-    (path,) = [p for p in folder.rglob("*.frag") if "/3/" in str(p) and p.name.startswith("0-")]
+    name = f"{b'corrupt#0'.hex()}-3-0-"  # <instance hex>-<epoch>-<stripe>-<index>.frag
+    (path,) = [p for p in folder.rglob("*.frag") if p.name.startswith(name)]
     raw = bytearray(path.read_bytes())
     raw[-10] ^= 0xFF
     path.write_bytes(bytes(raw))
