@@ -252,8 +252,7 @@ class FragmentStore:
         if paths:
             folders: set[Path] = set()
             for path in paths:  # the app's folder; an epoch's of the older layout too
-                rel = path.relative_to(self.root).parents
-                folders |= {self.root / p for p in list(rel)[:-1]}
+                folders |= {self.root / p for p in path.relative_to(self.root).parents[:-1]}
             await asyncio.to_thread(_remove, paths, folders)
         return {"dropped": len(doomed)}
 

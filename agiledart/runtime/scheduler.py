@@ -493,10 +493,8 @@ class Scheduler:
         if cached is not None and cached[0] is rec.spec:
             return cached[1]
         spec = parse_spec(rec.spec)
-        if rec.state in LIVE_STATES:
+        if rec.state in LIVE_STATES:  # _save forgets it when the app ends
             self._specs[rec.app_id] = (rec.spec, spec)
-        else:
-            self._specs.pop(rec.app_id, None)
         return spec
 
     async def _checkpoint_loop(self, app_id: str) -> None:
