@@ -23,6 +23,7 @@ from typing import Any
 
 from agiledart import __version__
 from agiledart.errors import AgiledartError
+from agiledart.runtime.epochs import CHECKPOINT_RATE
 from agiledart.runtime.execution import LACHESIS_POLICIES, SCHEDULERS
 
 __all__ = ["main"]
@@ -76,6 +77,14 @@ def _rtt_ms(text: str) -> float:
     value = _non_negative_float(text)
     if value > 10_000:
         msg = f"expected at most 10000 ms, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def _checkpoint_rate(text: str) -> float:
+    value = _non_negative_float(text)
+    if not 0 < value < float("inf"):
+        msg = f"expected a number of epochs per second > 0, got {text!r}"
         raise argparse.ArgumentTypeError(msg)
     return value
 
@@ -163,6 +172,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         help="emulation: add this round-trip time to every control request to another "
         "peer (deploy, records, scheduling; 0-10000, default 0), as an edge network "
         "would; local clusters on loopback otherwise have almost none",
+    )
+    p.add_argument(
+        "--checkpoint-rate",
+        type=_checkpoint_rate,
+        default=CHECKPOINT_RATE,
+        metavar="N",
+        help="checkpoint epochs this peer starts per second, at most, over all the apps "
+        f"it schedules (default {CHECKPOINT_RATE:g}); past N x interval such apps, each "
+        "app's checkpoint interval stretches to about apps / N seconds",
     )
     p.add_argument(
         "--workers",
@@ -374,6 +392,7 @@ def _cmd_peer(args: argparse.Namespace) -> int:
         advertise=args.advertise,
         links=args.links,
         control_rtt_ms=args.control_rtt_ms,
+        checkpoint_rate=args.checkpoint_rate,
         scheduling=args.scheduling,
         master=args.master,
     )

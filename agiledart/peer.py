@@ -31,6 +31,7 @@ from agiledart.overlay.errors import ConfigError
 from agiledart.overlay.node import Delivery, OverlayNode
 from agiledart.overlay.tcp import ConnectionInfo, FrameServer
 from agiledart.runtime.central import CentralMaster
+from agiledart.runtime.epochs import CHECKPOINT_RATE
 from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.links import Links
 from agiledart.runtime.service import AppRuntime
@@ -70,6 +71,8 @@ class PeerConfig:
     master: str = ""  #: the master's peer name, with ``scheduling="central"``
     #: emulation: round-trip time added to every control request to another peer
     control_rtt_ms: float = 0.0
+    #: checkpoint epochs this peer's scheduler starts per second, at most
+    checkpoint_rate: float = CHECKPOINT_RATE
     overlay: OverlayConfig = field(default_factory=OverlayConfig)
 
 
@@ -106,6 +109,7 @@ class Peer:
             ),
             link_model=self.link_model,
             trace=self.trace,
+            checkpoint_rate=config.checkpoint_rate,
         )
         self.zoning: ZoneAgent | None = None
         self.central: CentralMaster | None = None

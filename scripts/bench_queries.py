@@ -17,7 +17,10 @@ Figures, per Q:
 * ``connections_per_peer``: TCP connections each peer process holds to the broker
   (counted from /proc, not self-reported), the most over the peers;
 * ``rss_mb_per_peer`` (mean) and ``kb_per_query``: resident memory of the peers, and
-  its growth from the formed ring to the end of the run divided by Q.
+  its growth from the formed ring to the end of the run divided by Q;
+* ``checkpoints_per_query`` and ``checkpoint_waited_s``: over the ``status`` of up to
+  20 queries at the end, the mean of the epochs each committed and of how long its
+  last one waited for its scheduler's checkpoint budget (``--checkpoint-rate``).
 
 Anchors (from the Pluto and eKuiper papers, not re-measured): Pluto keeps p99 latency
 under 1 s with ten times the queries Flink can hold; eKuiper runs 8,000 rules on 2
@@ -29,7 +32,7 @@ A Q whose run fails (a peer too busy to answer a request in time, say) is report
 with its ``error`` and the next Q runs.
 
     python scripts/bench_queries.py [--queries 100,1000,3000] [--seconds 35]
-        [--set checkpoint.mode=restart] [--json]
+        [--set checkpoint.mode=restart] [--peer-arg=--checkpoint-rate=2] [--json]
 """
 
 from __future__ import annotations
@@ -149,7 +152,9 @@ def quantile(xs: list[float], q: float) -> float | None:
     return round(xs[min(len(xs) - 1, int(q * len(xs)))], 2)
 
 
-async def run_q(q: int, seconds: float, overrides: list[str]) -> dict[str, Any]:
+async def run_q(
+    q: int, seconds: float, overrides: list[str], peer_args: list[str]
+) -> dict[str, Any]:
     import aiomqtt
 
     from agiledart.emulate import LocalCluster
@@ -159,7 +164,10 @@ async def run_q(q: int, seconds: float, overrides: list[str]) -> dict[str, Any]:
         try:
             site = Path(tmp) / "site"
             site.mkdir()
-            with LocalCluster(PEERS, port=free_port(), workdir=site) as cluster:
+            cluster = LocalCluster(
+                PEERS, port=free_port(), workdir=site, extra_args=list(peer_args)
+            )
+            with cluster:
                 return await _run(cluster, port, q, seconds, overrides, aiomqtt)
         finally:
             broker.terminate()
@@ -206,6 +214,7 @@ async def _run(
 
         listener = asyncio.create_task(listen())
         submit_ms: list[float] = []
+        app_ids: list[str] = []
         sem = asyncio.Semaphore(8)
         t0 = time.monotonic()
 
@@ -222,7 +231,8 @@ async def _run(
             async with sem:
                 t = time.monotonic()
                 body = {"spec": spec, "set": list(overrides)}
-                await cluster.request(i % PEERS, "submit", body, timeout=120)
+                reply = await cluster.request(i % PEERS, "submit", body, timeout=120)
+                app_ids.append(str(reply["app_id"]))
                 submit_ms.append((time.monotonic() - t) * 1000)
             if len(submit_ms) % max(1, q // 10) == 0:
                 log(f"Q={q}: {len(submit_ms)} submitted")
@@ -235,6 +245,11 @@ async def _run(
         await publisher
         await asyncio.sleep(2)
         listener.cancel()
+    sample = app_ids[:: max(1, len(app_ids) // 20)][:20]
+    sampled = [
+        await cluster.request(i % PEERS, "status", {"app_id": app}, timeout=60)
+        for i, app in enumerate(sample)
+    ]
     conns = broker_connections(pids, port)
     rss = [rss_kb(pid) for pid in pids]
     return {
@@ -247,6 +262,14 @@ async def _run(
         "connections_per_peer": max(conns),
         "rss_mb_per_peer": round(sum(rss) / len(rss) / 1024, 1),
         "kb_per_query": round((sum(rss) - sum(base_rss)) / q, 1),
+        "checkpoints_per_query": round(
+            sum(st["checkpoints"] for st in sampled) / max(1, len(sampled)), 2
+        ),
+        "checkpoint_waited_s": round(
+            sum((st["checkpoint"] or {}).get("waited_s", 0.0) for st in sampled)
+            / max(1, len(sampled)),
+            3,
+        ),
     }
 
 
@@ -262,13 +285,21 @@ def main(argv: list[str] | None = None) -> int:
         help="an override for every query, as `submit --set` takes it "
         "(e.g. checkpoint.mode=restart); repeatable",
     )
+    parser.add_argument(
+        "--peer-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an extra argument for every `agiledart peer` (write options with their "
+        "value as --peer-arg=--checkpoint-rate=2); repeatable",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
     runs: list[dict[str, Any]] = []
     for q in (int(x) for x in args.queries.split(",")):
         log(f"Q={q}: starting {PEERS} peers and mosquitto")
         try:
-            result = asyncio.run(run_q(q, args.seconds, args.set))
+            result = asyncio.run(run_q(q, args.seconds, args.set, args.peer_arg))
         except Exception as exc:  # a peer too busy to answer, say: report it, go on
             result = {"queries": q, "error": f"{type(exc).__name__}: {exc}"}
         log(json.dumps(result))
@@ -279,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         k: last.get(k) for k in (*keys, "rss_mb_per_peer", "kb_per_query", "error")
     }
     report["overrides"] = args.set
+    report["peer_args"] = args.peer_arg
     report["runs"] = runs
     print(json.dumps(report) if args.json else json.dumps(report, indent=2))
     return 0

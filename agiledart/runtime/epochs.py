@@ -25,7 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["Alignment", "Channel"]
+__all__ = ["CHECKPOINT_RATE", "Alignment", "Channel", "Pacer"]
+
+#: epochs one scheduler starts per second, at most, over all the apps it checkpoints
+#: (see :class:`Pacer`)
+CHECKPOINT_RATE = 4.0
 
 Channel = tuple[str, str]  #: (producer node id, name of the peer its instance runs on)
 
@@ -65,3 +69,32 @@ class Alignment:
             return None
         epoch, self.epoch, self.arrived = self.epoch, None, set()
         return epoch
+
+
+class Pacer:
+    """A scheduler's checkpoint budget: epochs start at most ``rate`` a second over all
+    the apps it schedules, first come, first served.
+
+    Every checkpoint costs about 15 requests among the peers (barriers, m + k fragments
+    stored and as many old ones dropped, reports, the app record rewritten), whatever
+    the state's size. Below ``rate * interval`` checkpointed apps nobody waits; above,
+    each app's interval stretches to about ``apps / rate`` seconds, because an app asks
+    for its next slot only after its interval and holds at most one: the queue is never
+    longer than the apps, and the peers' cost of checkpoints stays bounded however many
+    small stateful queries they run (instead of the requests timing out).
+    """
+
+    __slots__ = ("gap", "next_free")
+
+    def __init__(self, rate: float = CHECKPOINT_RATE) -> None:
+        if not 0 < rate < float("inf"):  # also NaN
+            msg = f"the checkpoint rate must be a positive number, got {rate}"
+            raise ValueError(msg)
+        self.gap = 1.0 / rate  #: seconds between two epochs started
+        self.next_free = float("-inf")  #: the time of the next free slot
+
+    def reserve(self, now: float) -> float:
+        """Take the next free slot at or after ``now``; the seconds to wait for it."""
+        slot = max(now, self.next_free)
+        self.next_free = slot + self.gap
+        return slot - now

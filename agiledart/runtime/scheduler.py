@@ -51,6 +51,7 @@ from agiledart.placement import (
     place,
 )
 from agiledart.runtime.code import CodeStore, code_ids_in
+from agiledart.runtime.epochs import CHECKPOINT_RATE, Pacer
 from agiledart.runtime.errors import CodeError, DeployError, UnknownApp
 from agiledart.runtime.instance import Deployment
 from agiledart.runtime.links import Address, Links
@@ -187,6 +188,7 @@ class Scheduler:
         stats_of: Callable[[str], Awaitable[dict[str, Any] | None]],
         trace: Tracer | None = None,
         link_model: LinkDelays | None = None,
+        checkpoint_rate: float = CHECKPOINT_RATE,
     ) -> None:
         self.name = name
         self.link_model = link_model  #: the emulated network, for model-based placement
@@ -207,6 +209,7 @@ class Scheduler:
         self._specs: dict[str, tuple[dict[str, Any], AppSpec]] = {}  #: live apps' parsed
         self._next_epoch: dict[str, int] = {}
         self._cp_loops: dict[str, asyncio.Future[None]] = {}
+        self.pacer = Pacer(checkpoint_rate)  #: when the next epoch may start
 
     # -- submit -----------------------------------------------------------------------
 
@@ -511,13 +514,19 @@ class Scheduler:
                 if rec.state not in LIVE_STATES or self.apps.get(app_id) is not rec:
                     return
                 pending = self._pending.get(app_id)
-                now = time.monotonic()
-                if pending is not None and now - pending.started < max(10.0, 3 * interval):
+                if pending is not None and time.monotonic() - pending.started < max(
+                    10.0, 3 * interval
+                ):
                     continue
+                waited = await self._checkpoint_turn()
+                if rec.state not in LIVE_STATES or self.apps.get(app_id) is not rec:
+                    return
+                if self._pending.get(app_id) is not pending:
+                    continue  # an epoch was cut meanwhile (a rescale's)
                 first = 1 + (rec.checkpoint or {}).get("epoch", 0)
                 epoch = max(self._next_epoch.get(app_id, first), first)
                 self._next_epoch[app_id] = epoch + 1
-                self._pending[app_id] = _Epoch(epoch, now, rec.generation)
+                self._pending[app_id] = _Epoch(epoch, time.monotonic(), rec.generation, waited)
                 body = {"app_id": app_id, "epoch": epoch, "generation": rec.generation}
                 peers = sorted(set(rec.sources.values()))
                 await asyncio.gather(
@@ -525,6 +534,14 @@ class Scheduler:
                 )
         finally:
             self._cp_loops.pop(app_id, None)
+
+    async def _checkpoint_turn(self) -> float:
+        """Wait for this scheduler's next checkpoint slot (:class:`Pacer`); the seconds
+        waited."""
+        wait = self.pacer.reserve(time.monotonic())
+        if wait > 0:
+            await asyncio.sleep(wait)
+        return wait
 
     async def checkpoint_report(
         self, app_id: str, report: dict[str, Any], *, generation: int = 0
@@ -581,6 +598,7 @@ class Scheduler:
                 (float(r.get("seconds", 0.0)) for r in pending.states.values()), default=0.0
             ),
             "cut_s": round(time.monotonic() - pending.started, 3),
+            "waited_s": round(pending.waited, 3),
             "at": time.time(),
         }
         rec.checkpoints += 1
@@ -1040,6 +1058,7 @@ class _Epoch:
     epoch: int
     started: float
     generation: int
+    waited: float = 0.0  #: seconds it waited for the scheduler's checkpoint budget
     sources: dict[str, dict[str, Any]] = field(default_factory=dict)
     sinks: dict[str, dict[str, Any]] = field(default_factory=dict)
     states: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -1136,7 +1155,10 @@ def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
         "recoveries": rec.recoveries,
         "checkpoint": None
         if rec.checkpoint is None
-        else {k: rec.checkpoint[k] for k in ("epoch", "bytes", "store_s", "cut_s", "at")},
+        else {
+            **{k: rec.checkpoint[k] for k in ("epoch", "bytes", "store_s", "cut_s", "at")},
+            "waited_s": rec.checkpoint.get("waited_s", 0.0),  # older records lack it
+        },
         "checkpoints": rec.checkpoints,
         "scaling": _scaling_view(stats),
         "rescales": rec.rescales,

@@ -36,6 +36,7 @@ from agiledart.overlay.node import Delivery, OverlayNode
 from agiledart.overlay.tcp import ConnectionInfo, FrameServer
 from agiledart.runtime.checkpoints import FragmentStore, Holder, Uplink
 from agiledart.runtime.code import Bundle, CodeStore, code_ids_in, identifier
+from agiledart.runtime.epochs import CHECKPOINT_RATE
 from agiledart.runtime.errors import UnknownApp
 from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.execution.engines import make_engine
@@ -73,6 +74,7 @@ class AppRuntime:
         execution: EngineConfig | None = None,
         link_model: LinkModel | None = None,
         trace: TraceWriter | NullTraceWriter | None = None,
+        checkpoint_rate: float = CHECKPOINT_RATE,
     ) -> None:
         self.name = name
         self.trace = trace or NullTraceWriter()
@@ -98,6 +100,7 @@ class AppRuntime:
             stats_of=self._stats_of,
             trace=self.trace,
             link_model=link_model,
+            checkpoint_rate=checkpoint_rate,
         )
         self.dropped: dict[str, int] = {
             "data_unknown_app": 0,

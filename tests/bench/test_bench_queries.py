@@ -21,7 +21,10 @@ def test_a_small_run_reports_every_figure() -> None:
         "mosquitto is missing: `make setup` installs it"
     )
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--queries", "6", "--seconds", "12", "--json"],
+        [
+            *(sys.executable, str(SCRIPT), "--queries", "6", "--seconds", "12", "--json"),
+            "--peer-arg=--checkpoint-rate=8",
+        ],
         check=True,
         capture_output=True,
         text=True,
@@ -42,3 +45,8 @@ def test_a_small_run_reports_every_figure() -> None:
     assert run["results"] > 0  # windows closed and their results came back over MQTT
     assert run["latency_p99_ms"] > 0
     assert run["submit_p99_ms"] > 0
+    # the queries checkpoint (a window and an endless MQTT source: mode auto), every
+    # 10 s; the peers took the budget option (they would not have started otherwise)
+    assert report["peer_args"] == ["--checkpoint-rate=8"]
+    assert run["checkpoints_per_query"] >= 1
+    assert run["checkpoint_waited_s"] >= 0
