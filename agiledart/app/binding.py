@@ -4,6 +4,7 @@ Overrides address the raw spec by a dotted path, naming list entries by their ``
 
     name=my-app                              placement=random
     checkpoint.interval_ms=5000              params.threshold=30
+    scaling.enabled=true                     scaling.max_instances=2
     sources.readings.params.rate=500         sinks.out.peer=gateway-2
     operators.per-city.params.size_ms=10000  operators.hot.fn=builtin:is_hot
 
@@ -35,7 +36,7 @@ from agiledart.app.schema import did_you_mean
 __all__ = ["apply_overrides", "parse_override", "substitute"]
 
 _SECTIONS = ("sources", "operators", "sinks")
-_TOP = ("name", "placement", "checkpoint", "params")
+_TOP = ("name", "placement", "checkpoint", "scaling", "params")
 _PARAM_RE = re.compile(r"\$\{([^}]*)\}")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _INDEX_RE = re.compile(r"^([A-Za-z_]+)\[(\d+)\]$")

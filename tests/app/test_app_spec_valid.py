@@ -128,6 +128,8 @@ def test_overrides_by_id_and_index() -> None:
             "sinks.out.peer=gateway-2",
             "placement=random",
             "checkpoint.interval_ms=5000",
+            "scaling.enabled=true",
+            "scaling.interval_ms=10000",
         ],
     )
     assert spec.sources[0].params["rate"] == 500
@@ -137,6 +139,7 @@ def test_overrides_by_id_and_index() -> None:
     assert spec.sinks[0].peer == "gateway-2"
     assert spec.placement == "random"
     assert spec.checkpoint.interval_ms == 5000
+    assert (spec.scaling.enabled, spec.scaling.interval_ms) == (True, 10_000)
 
 
 def test_top_level_params_rebind_everywhere() -> None:
