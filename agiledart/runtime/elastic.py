@@ -62,6 +62,11 @@ __all__ = ["ElasticDriver", "Sample"]
 HISTORY = 32
 #: decisions (time, instances, health, action) kept per operator: a health timeline
 RECENT = 90
+#: seconds between two scorings of an app that does not scale, when no trace directory
+#: records every decision: what its controllers would do is still reported, for a
+#: tenth of the cost (measured: with 3,000 small queries on 8 peers sharing two cores,
+#: per-second ticks cost p99 latency 1.9 s; every 10 s, 0.7 s)
+IDLE_INTERVAL_S = 10.0
 
 
 class Tracer(Protocol):
@@ -162,9 +167,20 @@ class ElasticDriver:
 
     # -- the loop ---------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Tick every ``interval_ms`` until cancelled (the instance's group owns it)."""
+    def cadence(self) -> float:
+        """Seconds between two ticks: ``interval_ms`` when the controllers act on their
+        decisions or a trace records each one; otherwise (scaling off, no trace
+        directory: nobody needs every decision) at least :data:`IDLE_INTERVAL_S`."""
         interval = self.spec.interval_ms / 1000.0
+        traced = self.trace is not None and getattr(self.trace, "enabled", True)
+        if self.spec.enabled or traced:
+            return interval
+        return max(interval, IDLE_INTERVAL_S)
+
+    async def run(self) -> None:
+        """Tick every :meth:`cadence` seconds until cancelled (the instance's group owns
+        it)."""
+        interval = self.cadence()
         while True:
             await asyncio.sleep(interval)
             await self.tick()
@@ -182,7 +198,7 @@ class ElasticDriver:
         if len(window) < 2:
             return None
         # the newest sample at least two seconds old (or the oldest kept)
-        span = max(2.0, self.spec.interval_ms / 1000.0) - 1e-3
+        span = max(2.0, self.cadence()) - 1e-3
         old = next((s for s in reversed(list(window)[:-1]) if now - s.at >= span), window[0])
         m = rates(
             old,

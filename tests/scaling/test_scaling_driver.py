@@ -188,3 +188,29 @@ def test_the_service_rate_counts_the_time_spent_waiting_for_the_links() -> None:
     assert idle.service_rate == 123.0  # nothing executed: the last rate known stands
     stuck = rates(old, Sample(1.0, 10, 0, 0.0, 0.9), instances=1, queue=5, mu=123.0)
     assert stuck.service_rate == 0.0  # blocked on its links the whole time
+
+
+def test_an_app_that_does_not_scale_is_scored_less_often_unless_traced() -> None:
+    from agiledart.runtime.elastic import IDLE_INTERVAL_S
+    from agiledart.traces import NullTraceWriter
+
+    class Traced:
+        enabled = True
+
+        def emit(self, type: str, **fields: Any) -> None:
+            pass
+
+    inst = Inst("slow", stateful=False)
+    on = ScalingSpec(enabled=True, interval_ms=1_000)
+    off = ScalingSpec(enabled=False, interval_ms=1_000)
+    slow = ScalingSpec(enabled=False, interval_ms=30_000)
+
+    def cadence(spec: ScalingSpec, trace: Any) -> float:
+        return ElasticDriver(inst, spec, trace=trace).cadence()  # type: ignore[arg-type]
+
+    assert cadence(on, None) == 1.0  # it acts: every interval
+    assert cadence(on, NullTraceWriter()) == 1.0
+    assert cadence(off, Traced()) == 1.0  # every decision goes to the trace
+    assert cadence(off, None) == IDLE_INTERVAL_S  # only reported: less often
+    assert cadence(off, NullTraceWriter()) == IDLE_INTERVAL_S
+    assert cadence(slow, None) == 30.0  # never more often than asked
