@@ -64,8 +64,7 @@ HISTORY = 32
 RECENT = 90
 #: seconds between two scorings of an app that does not scale, when no trace directory
 #: records every decision: what its controllers would do is still reported, for a
-#: tenth of the cost (measured: with 3,000 small queries on 8 peers sharing two cores,
-#: per-second ticks cost p99 latency 1.9 s; every 10 s, 0.7 s)
+#: tenth of the cost (BENCHMARKS.md, "Many small queries")
 IDLE_INTERVAL_S = 10.0
 
 

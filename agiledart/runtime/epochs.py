@@ -29,7 +29,7 @@ __all__ = ["CHECKPOINT_RATE", "Alignment", "Channel", "Pacer"]
 
 #: epochs one scheduler starts per second, at most, over all the apps it checkpoints
 #: (see :class:`Pacer`)
-CHECKPOINT_RATE = 4.0
+CHECKPOINT_RATE = 2.0
 
 Channel = tuple[str, str]  #: (producer node id, name of the peer its instance runs on)
 
