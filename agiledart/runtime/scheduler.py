@@ -27,6 +27,7 @@ The scheduler then follows its apps: sinks report when they are done (state
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import secrets
@@ -66,6 +67,9 @@ __all__ = ["AppRecord", "PeerDirectory", "Scheduler", "SchedulerRole", "path_pee
 
 APPS_INDEX = record_key("index", "apps")
 LIVE_STATES = ("deploying", "running")
+#: ended apps (finished, failed, stopped) a scheduler keeps in memory, the newest; it
+#: reads older ones back from the DHT when asked about them
+ENDED_KEPT = 256
 
 
 class PeerDirectory(Protocol):
@@ -210,6 +214,8 @@ class Scheduler:
         self._next_epoch: dict[str, int] = {}
         self._cp_loops: dict[str, asyncio.Future[None]] = {}
         self.pacer = Pacer(checkpoint_rate)  #: when the next epoch may start
+        #: ended apps still in memory, oldest first (see :meth:`_retire`)
+        self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     # -- submit -----------------------------------------------------------------------
 
@@ -442,6 +448,31 @@ class Scheduler:
             await self.records.put(record_key("app", rec.app_id), rec.to_wire())
         except AgiledartError as exc:
             log.warning("could not store the record of %s: %s", rec.app_id, exc)
+            return
+        if rec.state not in LIVE_STATES and self.apps.get(rec.app_id) is rec:
+            self._retire(rec.app_id)
+
+    def _retire(self, app_id: str) -> None:
+        """``app_id`` ended and its final record is in the DHT: keep it in memory among
+        the :data:`ENDED_KEPT` newest ended apps, and forget the oldest beyond them
+        (``status``, ``stop`` and ``apps`` read a forgotten app's record from the DHT),
+        so that a peer scheduling queries for months does not grow with every one."""
+        self._ended[app_id] = None
+        self._ended.move_to_end(app_id)
+        while len(self._ended) > ENDED_KEPT:
+            old, _ = self._ended.popitem(last=False)
+            rec = self.apps.get(old)
+            if rec is None or rec.state in LIVE_STATES:
+                continue  # revived meanwhile (adopted again): not ended any more
+            del self.apps[old]
+            for per_app in (
+                self._sinks_done,
+                self._pending,
+                self._next_epoch,
+                self._specs,
+                self._recovering,
+            ):
+                per_app.pop(old, None)
 
     # -- following --------------------------------------------------------------------
 

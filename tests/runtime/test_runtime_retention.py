@@ -1,0 +1,113 @@
+"""A scheduler forgets ended apps beyond the newest ``ENDED_KEPT`` (their final records
+stay in the DHT, where ``status`` reads them), never a live one, and never one whose
+final record could not be stored."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+
+from agiledart.errors import AgiledartError
+from agiledart.runtime import scheduler as scheduling
+from agiledart.runtime.scheduler import AppRecord, Scheduler
+
+
+class Store:
+    """The DHT records store, in a dict; ``down`` makes every write fail."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+        self.down = False
+
+    async def put(self, key: str, value: Any) -> None:
+        if self.down:
+            msg = "no replica answered"
+            raise AgiledartError(msg)
+        self.data[key] = copy.deepcopy(value)
+
+    async def get(self, key: str) -> Any:
+        return copy.deepcopy(self.data.get(key))
+
+
+def scheduler(store: Store) -> Scheduler:
+    async def no_stats(peer: str) -> None:
+        return None
+
+    return Scheduler(
+        name="edge-1",
+        address=lambda: ("127.0.0.1", 1),
+        records=store,  # type: ignore[arg-type]
+        links=None,  # type: ignore[arg-type]
+        code=None,  # type: ignore[arg-type]
+        directory=None,  # type: ignore[arg-type]
+        stats_of=no_stats,
+    )
+
+
+def live(s: Scheduler, app_id: str) -> AppRecord:
+    rec = AppRecord(
+        app_id=app_id,
+        name="q",
+        spec={},
+        state="running",
+        scheduler=("127.0.0.1", 1),
+        scheduler_name="edge-1",
+        submitted_at=0.0,
+    )
+    s.apps[app_id] = rec
+    s._sinks_done[app_id] = {}
+    s._next_epoch[app_id] = 4
+    return rec
+
+
+async def end(s: Scheduler, rec: AppRecord, state: str = "finished") -> None:
+    rec.state, rec.final = state, {"sinks": {"out": {"records": 7}}}
+    await s._save(rec)
+
+
+def test_only_the_newest_ended_apps_stay_in_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scheduling, "ENDED_KEPT", 3)
+    store = Store()
+    s = scheduler(store)
+
+    async def run() -> None:
+        recs = [live(s, f"q-{i}") for i in range(8)]
+        for i, rec in enumerate(recs[:6]):
+            await end(s, rec, "stopped" if i % 2 else "finished")
+        assert set(s.apps) == {"q-3", "q-4", "q-5", "q-6", "q-7"}  # 3 ended, 2 live
+        assert set(s._sinks_done) == set(s._next_epoch) == set(s.apps)
+        # a forgotten app is read back from the DHT, final state and figures included
+        old = await s.record("q-0")
+        assert old is not s.apps.get("q-0")
+        assert (old.state, old.final) == ("finished", {"sinks": {"out": {"records": 7}}})
+        assert (await s.status("q-1"))["state"] == "stopped"
+        # live apps are never forgotten, however many end after them
+        for i in range(8, 20):
+            await end(s, live(s, f"q-{i}"))
+        assert {"q-6", "q-7"} <= set(s.apps)
+        assert len(s.apps) == 2 + 3
+
+    asyncio.run(run())
+
+
+def test_an_app_whose_final_record_was_not_stored_stays_in_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(scheduling, "ENDED_KEPT", 1)
+    store = Store()
+    s = scheduler(store)
+
+    async def run() -> None:
+        first, second, third = (live(s, f"q-{i}") for i in range(3))
+        store.down = True
+        await end(s, first, "failed")  # only memory knows it ended
+        store.down = False
+        await end(s, second)
+        await end(s, third)
+        assert set(s.apps) == {"q-0", "q-2"}
+        assert (await s.record("q-0")).state == "failed"
+
+    asyncio.run(run())
