@@ -30,11 +30,11 @@ them (:class:`PeerInfo`). :func:`place` is a pure function of those values:
   (on a tie a path node, so data stays on its path; then the fewest of the app's
   nodes, its sources and sinks counted, so an idle peer goes before the one producing
   the input; then name). So a busy path node gives its last share to an operator
-  only when no peer on or beside the path has more: the paper's rule (path nodes with capacity, then
-  the leaf set) with capacity read as room for one more operator; where every peer
-  has room (all idle, say) it is the paper's rule unchanged. A leaf-set peer counts,
-  for the operators after it, as sitting at the path node whose leaf set it came
-  from (its anchor).
+  only when no peer on or beside the path has more: the paper's rule (path nodes with
+  capacity, then the leaf set) with capacity read as room for one more operator; where
+  every peer has room (all idle, say) it is the paper's rule unchanged. A leaf-set
+  peer counts, for the operators after it, as sitting at the path node whose leaf set
+  it came from (its anchor).
 * Deployment runs along the reversed paths, sink side first (:attr:`Placement.deploy_order`).
 
 Everything is deterministic: inputs are visited in sorted order and ties are broken

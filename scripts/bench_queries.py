@@ -164,10 +164,9 @@ async def run_q(
         try:
             site = Path(tmp) / "site"
             site.mkdir()
-            cluster = LocalCluster(
+            with LocalCluster(
                 PEERS, port=free_port(), workdir=site, extra_args=list(peer_args)
-            )
-            with cluster:
+            ) as cluster:
                 return await _run(cluster, port, q, seconds, overrides, aiomqtt)
         finally:
             broker.terminate()

@@ -14,10 +14,11 @@ import math
 from collections import defaultdict
 
 import pytest
+from support.apps import running_record
 
 from agiledart.cli import build_parser
 from agiledart.runtime.epochs import CHECKPOINT_RATE, Pacer
-from agiledart.runtime.scheduler import AppRecord, status_view
+from agiledart.runtime.scheduler import status_view
 
 
 def simulate(apps: int, interval: float, rate: float, until: float) -> dict[int, list[float]]:
@@ -86,15 +87,7 @@ def test_the_peer_option_sets_the_rate_and_refuses_nonsense(
 
 
 def test_status_shows_how_long_the_last_epoch_waited_for_its_slot() -> None:
-    rec = AppRecord(
-        app_id="q-1",
-        name="q",
-        spec={},
-        state="running",
-        scheduler=("127.0.0.1", 1),
-        scheduler_name="edge-1",
-        submitted_at=0.0,
-    )
+    rec = running_record("q-1")
     committed = {"epoch": 3, "bytes": 10, "store_s": 0.01, "cut_s": 0.05, "at": 1.0}
     rec.checkpoint = {**committed, "waited_s": 1.5}
     assert status_view(rec, {})["checkpoint"]["waited_s"] == 1.5

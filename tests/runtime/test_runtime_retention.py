@@ -9,6 +9,7 @@ import copy
 from typing import Any
 
 import pytest
+from support.apps import running_record
 
 from agiledart.errors import AgiledartError
 from agiledart.runtime import scheduler as scheduling
@@ -48,15 +49,7 @@ def scheduler(store: Store) -> Scheduler:
 
 
 def live(s: Scheduler, app_id: str) -> AppRecord:
-    rec = AppRecord(
-        app_id=app_id,
-        name="q",
-        spec={},
-        state="running",
-        scheduler=("127.0.0.1", 1),
-        scheduler_name="edge-1",
-        submitted_at=0.0,
-    )
+    rec = running_record(app_id)
     s.apps[app_id] = rec
     s._sinks_done[app_id] = {}
     s._next_epoch[app_id] = 4

@@ -12,6 +12,7 @@ from agiledart.app.reference import canonical, reference_outputs
 from agiledart.datasets import read_file
 from agiledart.emulate import LocalCluster
 from agiledart.runtime.connectors import open_sink
+from agiledart.runtime.scheduler import AppRecord
 
 
 def quick(spec: AppSpec, seconds: float = 1.5) -> list[str]:
@@ -22,6 +23,19 @@ def quick(spec: AppSpec, seconds: float = 1.5) -> list[str]:
         if count and rate:
             out.append(f"sources.{s.id}.params.speedup={max(1.0, count / rate / seconds):.3f}")
     return out
+
+
+def running_record(app_id: str) -> AppRecord:
+    """A minimal record of a running app scheduled by ``edge-1`` (no spec, no placement)."""
+    return AppRecord(
+        app_id=app_id,
+        name="q",
+        spec={},
+        state="running",
+        scheduler=("127.0.0.1", 1),
+        scheduler_name="edge-1",
+        submitted_at=0.0,
+    )
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
