@@ -1,65 +1,44 @@
 """Reading a trace directory into Spark, counting the lines that do not fit the schema.
 
-Theory of operation: Spark's JSON source reads every trace file once (``.ndjson.gz``
-through Hadoop's gzip codec; a gzip file cut short, as a killed peer leaves it, is read
-up to the cut), skips blank lines and parses each line against the union of the record
-schemas (:mod:`agiledart.analysis.schemas`; explicit, nothing inferred) in PERMISSIVE
-mode, which keeps what it could parse and puts the text of a line that does not fit
-into a corrupt-record column. (That is ``from_json`` over the text, done inside the
-reader, where it measured twice as fast as ``from_json`` on ``spark.read.text``.) Each
-line gets one verdict, kept as the integer column ``kind``:
+Theory of operation: one Spark job reads every trace file once. Its tasks are the
+*pieces* of the files (byte ranges of about 64 MB of a plain ``.ndjson`` file, a whole
+``.ndjson.gz``; a gzip file cut short, as a killed peer leaves it, is read up to the
+cut), and each task, in Spark's Python worker, parses its lines with Arrow's JSON reader
+against the explicit schema of every record type (:mod:`~agiledart.analysis.parse`,
+where the rules are), gives each line one verdict, and writes the valid records of each
+type as Parquet: ``ts``, ``peer`` and the fields the analysis reads
+(:data:`~agiledart.analysis.schemas.ANALYZED`), under ``<parts>/<type>/``. Spark's
+own JSON source parses a line about as fast, but judging each line and caching it in
+Spark's columnar cache cost as much again; Arrow judges a whole chunk of lines with a
+few vectorised comparisons.
 
-* ``not_json`` (-1): not a JSON object (a truncated line, garbage, an array);
-* ``unknown_type`` (-2): a JSON object whose ``type`` is missing or not a record type;
-* ``unsupported_version`` (-3): ``v`` is not ``SCHEMA_VERSION``;
-* ``bad_fields`` (-4): a field of the wrong type, or a field that may not be null missing;
-* a valid record of the i-th record type (i >= 1).
-
-Only ``kind``, ``ts``, ``peer`` and the analyzed fields, in their slots, are cached
-(:data:`~agiledart.analysis.schemas.LAYOUT`), uncompressed (compressing costs more
-time than the analysis saves), each partition sorted by ``kind``, so a job about one
-record type skips the cached batches of the others by their statistics. A malformed
-line also keeps its file and text, for the report. The first job counts lines per
-verdict (and malformed lines per file) in one pass; malformed lines are counted,
-reported and skipped, they never stop an analysis.
+A task returns what it counted: valid records per type and peer (with the earliest and
+latest ``ts``), malformed lines per reason and a few of them as examples. Malformed
+lines are counted, reported and skipped; they never stop an analysis. The jobs then
+read each record type's Parquet files with Spark, with their explicit schema
+(:meth:`Traces.records`), and only the columns they use.
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from functools import reduce
+from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote
+from typing import Any
 
-from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from agiledart.analysis.errors import AnalysisUsageError
-from agiledart.analysis.schemas import (
-    CORRUPT,
-    LAYOUT,
-    RECORD_TYPES,
-    SCHEMA_VERSION,
-    SLOTS,
-    required_fields,
-    union_schema,
-)
+from agiledart.analysis.parse import REASONS, pieces, write_piece
+from agiledart.analysis.schemas import CORRUPT, RECORD_TYPES, kind_struct, union_schema
 from agiledart.traces.writer import trace_files
 
-__all__ = ["REASONS", "Malformed", "Traces", "json_lines", "kind_code", "read_traces"]
+__all__ = ["REASONS", "Malformed", "Traces", "json_lines", "read_traces"]
 
-#: verdicts of malformed lines, -1, -2, ... in the ``kind`` column
-REASONS = ("not_json", "unknown_type", "unsupported_version", "bad_fields")
 _EXAMPLES = 10
 _EXAMPLE_CHARS = 200
-
-
-def kind_code(kind: str) -> int:
-    """The ``kind`` column's value for valid records of type ``kind``."""
-    return RECORD_TYPES.index(kind) + 1
 
 
 @dataclass(frozen=True)
@@ -79,13 +58,13 @@ class Malformed:
 
 @dataclass
 class Traces:
-    """The valid records of one trace directory, cached in Spark."""
+    """The valid records of one trace directory, as Parquet files Spark reads."""
 
     spark: SparkSession
     directory: Path
     files: list[Path]
-    frame: DataFrame
-    """Valid records: ``kind``, ``ts``, ``peer`` and the slots of the layout."""
+    parts: Path
+    """``<type>/part-NNNNNN.parquet``: the valid records of each type."""
     counts: dict[str, int]
     """Valid records per type."""
     writer_peers: list[str]
@@ -94,7 +73,6 @@ class Traces:
     t0_ms: float | None
     """The earliest ``ts`` of a valid record: time zero of every timeline."""
     t1_ms: float | None
-    _cached: list[DataFrame] = field(default_factory=list, repr=False)
 
     @property
     def lines(self) -> int:
@@ -106,77 +84,22 @@ class Traces:
 
     def records(self, kind: str) -> DataFrame:
         """The valid ``kind`` records: ``type``, ``ts``, ``peer`` and the analyzed fields."""
-        own = [F.col(slot).alias(name) for name, slot in LAYOUT[kind].items()]
-        return self.frame.where(F.col("kind") == kind_code(kind)).select(
-            F.lit(kind).alias("type"), "ts", "peer", *own
-        )
+        schema = kind_struct(kind)
+        if self.has(kind):
+            frame = self.spark.read.schema(schema).parquet(str(self.parts / kind))
+        else:
+            frame = self.spark.createDataFrame([], schema)
+        return frame.select(F.lit(kind).alias("type"), *schema.names)
 
     def release(self) -> None:
-        for frame in self._cached:
-            frame.unpersist()
-        self._cached.clear()
-
-
-def _required_ok(code: Column) -> Column:
-    """True when the line's record type has every field it may not leave null."""
-    rule: Column | None = None
-    for i, kind in enumerate(RECORD_TYPES, start=1):
-        present = reduce(
-            lambda a, b: a & b, (F.col(name).isNotNull() for name in required_fields(kind))
-        )
-        rule = F.when(code == i, present) if rule is None else rule.when(code == i, present)
-    assert rule is not None
-    return rule.otherwise(F.lit(True))
-
-
-def _kind(code: Column) -> Column:
-    """The line's verdict from its type's ``code`` (0 unknown): that code, or minus the
-    number of a reason. A line Spark could not parse and got no ``type`` from is
-    ``not_json`` here; :func:`_refined` tells the JSON objects among them apart later,
-    on the malformed lines only (``from_json`` has no generated code, and would take
-    the whole per-line projection out of Spark's whole-stage code generation)."""
-    corrupt = F.col(CORRUPT).isNotNull()
-    return (
-        F.when(corrupt & F.col("type").isNull(), F.lit(-1))
-        .when(code.isNull() | (code == 0), F.lit(-2))
-        .when(F.col("v") != SCHEMA_VERSION, F.lit(-3))
-        .when(corrupt | ~_required_ok(code), F.lit(-4))
-        .otherwise(code)
-    )
-
-
-def _refined(kind: Column, line: Column) -> Column:
-    """``not_json`` lines that are JSON objects after all: ``unknown_type``."""
-    as_object = F.from_json(line, T.MapType(T.StringType(), T.StringType()))
-    return F.when((kind == -1) & as_object.isNotNull(), F.lit(-2)).otherwise(kind)
-
-
-def _slot(slot: str) -> Column:
-    """The value of cached column ``slot``: the field of the line's type stored there
-    (compared by the integer ``kind``, far cheaper per line than the type's name)."""
-    value: Column | None = None
-    for kind, fields in LAYOUT.items():
-        for name, where in fields.items():
-            if where == slot:
-                is_kind = F.col("kind") == kind_code(kind)
-                value = (
-                    F.when(is_kind, F.col(name))
-                    if value is None
-                    else value.when(is_kind, F.col(name))
-                )
-    assert value is not None
-    return value.alias(slot)
-
-
-def _bad_line(names: list[str]) -> Column:
-    """``file`` newline ``text`` of a malformed line (text rebuilt if Spark kept none)."""
-    text = F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*names)))
-    return F.concat(F.input_file_name(), F.lit("\n"), text)
+        """Remove the Parquet files."""
+        shutil.rmtree(self.parts, ignore_errors=True)
 
 
 def json_lines(spark: SparkSession, files: Sequence[Path]) -> DataFrame:
-    """Every line of ``files`` parsed against the union schema (PERMISSIVE: a line that
-    does not fit keeps its text in :data:`~agiledart.analysis.schemas.CORRUPT`)."""
+    """Every line of ``files`` parsed by Spark's JSON source against the union schema
+    (PERMISSIVE: a line that does not fit keeps its text in
+    :data:`~agiledart.analysis.schemas.CORRUPT`); the benchmark's parsing anchor."""
     return (
         spark.read.schema(union_schema())
         .option("mode", "PERMISSIVE")
@@ -186,8 +109,9 @@ def json_lines(spark: SparkSession, files: Sequence[Path]) -> DataFrame:
     )
 
 
-def read_traces(spark: SparkSession, directory: Path) -> Traces:
-    """Parse every trace file under ``directory`` (``<peer>/trace-NNNNNN.ndjson[.gz]``)."""
+def read_traces(spark: SparkSession, directory: Path, parts: Path) -> Traces:
+    """Parse every trace file under ``directory`` (``<peer>/trace-NNNNNN.ndjson[.gz]``)
+    and write its valid records under ``parts`` (emptied first), in one Spark job."""
     directory = Path(directory)
     if not directory.is_dir():
         msg = f"{directory} is not a directory"
@@ -196,81 +120,65 @@ def read_traces(spark: SparkSession, directory: Path) -> Traces:
     if not files:
         msg = f"no trace files (<peer>/trace-NNNNNN.ndjson[.gz]) under {directory}"
         raise AnalysisUsageError(msg)
-    parsed = json_lines(spark, files)
-    names = [name for name in parsed.columns if name != CORRUPT]
-    code = F.array_position(F.array(*(F.lit(k) for k in RECORD_TYPES)), F.col("type"))
-    judged = (
-        parsed.select(code.cast("int").alias("code"), *names, CORRUPT)
-        .select(_kind(F.col("code")).alias("kind"), *names, CORRUPT)
-        .select(
-            "kind",
-            "ts",
-            "peer",
-            *(_slot(slot) for slot in SLOTS),
-            F.when(F.col("kind") < 0, _bad_line(names)).alias("bad"),
-        )
-        .sortWithinPartitions("kind")
-        .persist(StorageLevel.MEMORY_AND_DISK)
-    )
-    tally = (
-        judged.groupBy("kind", "peer")
-        .agg(F.count(F.lit(1)).alias("n"), F.min("ts").alias("t0"), F.max("ts").alias("t1"))
+    parts = Path(parts).resolve()
+    shutil.rmtree(parts, ignore_errors=True)
+    parts.mkdir(parents=True)
+    work = sorted(pieces(files), key=lambda p: -_size(p))
+    target = str(parts)
+    done: list[dict[str, Any]] = (
+        spark.sparkContext.parallelize(list(enumerate(work)), len(work))
+        .map(lambda job: write_piece(job[0], job[1], target))
         .collect()
     )
     counts: dict[str, int] = {}
     writers: set[str] = set()
     t0: float | None = None
     t1: float | None = None
-    for row in tally:
-        if row["kind"] > 0:
-            kind = RECORD_TYPES[row["kind"] - 1]
-            counts[kind] = counts.get(kind, 0) + row["n"]
-            writers.add(row["peer"])
-            t0 = row["t0"] if t0 is None else min(t0, row["t0"])
-            t1 = row["t1"] if t1 is None else max(t1, row["t1"])
-    bad = sum(row["n"] for row in tally if row["kind"] < 0)
+    malformed = dict.fromkeys(REASONS, 0)
+    by_file: dict[tuple[str, str], int] = {}
+    examples: list[tuple[str, str, str]] = []
+    for piece in sorted(done, key=lambda d: d["path"]):
+        for (kind, peer), (n, first, last) in piece["tally"].items():
+            counts[kind] = counts.get(kind, 0) + int(n)
+            writers.add(peer)
+            t0 = first if t0 is None else min(t0, first)
+            t1 = last if t1 is None else max(t1, last)
+        shown = _display(piece["path"], directory)
+        for reason, n in piece["malformed"].items():
+            malformed[reason] += n
+            by_file[(shown, reason)] = by_file.get((shown, reason), 0) + n
+        for reason, line in piece["examples"]:
+            if len(examples) < _EXAMPLES:
+                examples.append((shown, reason, _shown(line)))
     return Traces(
         spark=spark,
         directory=directory,
         files=files,
-        frame=judged.where(F.col("kind") > 0).drop("bad"),
-        counts=counts,
+        parts=parts,
+        counts={kind: counts[kind] for kind in RECORD_TYPES if kind in counts},
         writer_peers=sorted(writers),
-        malformed=_malformed(judged, directory)
-        if bad
-        else Malformed(dict.fromkeys(REASONS, 0), [], []),
+        malformed=Malformed(
+            counts=malformed,
+            by_file=sorted((f, r, n) for (f, r), n in by_file.items()),
+            examples=examples,
+        ),
         t0_ms=t0,
         t1_ms=t1,
-        _cached=[judged],
     )
 
 
-def _malformed(judged: DataFrame, directory: Path) -> Malformed:
-    """Count the malformed lines by reason and file, and keep a few (they are few: the
-    cache's batches of valid records are skipped by their ``kind`` statistics)."""
-    lines = judged.where(F.col("kind") < 0).select(
-        F.split("bad", "\n", 2)[0].alias("file"),
-        F.split("bad", "\n", 2)[1].alias("line"),
-        "kind",
-    )
-    lines = lines.withColumn("kind", _refined(F.col("kind"), F.col("line")))
-    counts = dict.fromkeys(REASONS, 0)
-    by_file: list[tuple[str, str, int]] = []
-    for row in lines.groupBy("kind", "file").count().collect():
-        reason = REASONS[-row["kind"] - 1]
-        counts[reason] += row["count"]
-        by_file.append((_display(row["file"], directory), reason, row["count"]))
-    examples: list[tuple[str, str, str]] = []
-    for row in lines.limit(_EXAMPLES).collect():
-        shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in row["line"])
-        cut = shown[:_EXAMPLE_CHARS] + ("..." if len(shown) > _EXAMPLE_CHARS else "")
-        examples.append((_display(row["file"], directory), REASONS[-row["kind"] - 1], cut))
-    return Malformed(counts=counts, by_file=sorted(by_file), examples=examples)
+def _size(piece: Any) -> int:
+    return piece.end - piece.start if piece.end >= 0 else Path(piece.path).stat().st_size
 
 
-def _display(uri: str, directory: Path) -> str:
-    """A file's path relative to the trace directory (Spark gives ``file:`` URIs)."""
-    path = unquote(uri.removeprefix("file://").removeprefix("file:"))
+def _shown(line: str) -> str:
+    """The start of a malformed line, printable."""
+    shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in line)
+    return shown[:_EXAMPLE_CHARS] + ("..." if len(shown) > _EXAMPLE_CHARS else "")
+
+
+def _display(path: str, directory: Path) -> str:
+    """A file's path relative to the trace directory."""
     try:
         return str(Path(path).resolve().relative_to(directory.resolve()))
     except ValueError:

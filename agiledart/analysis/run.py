@@ -26,6 +26,8 @@ log = logging.getLogger("agiledart.analysis")
 
 #: Spark jobs submitted at the same time
 JOBS_AT_ONCE = 4
+#: where, under the output directory, the reader keeps the records while the jobs run
+PARTS = ".records"
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ def _analyze(spark: SparkSession, trace_dir: Path, out: Path, window_ms: float) 
 
     started = time.perf_counter()
     log.info("reading the traces under %s", trace_dir)
-    traces = read_traces(spark, trace_dir)
+    traces = read_traces(spark, trace_dir, out / PARTS)
     read_at = time.perf_counter()
     log.info(
         "read %d lines from %d files in %.1f s; computing the tables",

@@ -13,12 +13,7 @@ a boolean where a string belongs as its text, so only numeric, boolean and struc
 fields are type-checked.
 
 Every field is parsed and type-checked, but only the fields the analysis reads
-(:data:`ANALYZED`) are cached, in a dense layout (:data:`LAYOUT`): ``ts``, ``peer``,
-and each type's fields in shared *slots* (``s0``, ``s1``... strings, ``l0``... longs,
-``d0``... doubles, and so on), since a record only fills its own type's fields. Spark's
-in-memory columns spend four bytes on every null cell, so caching the 59-column union
-would spend most of its memory on nulls; the slots are a dozen columns that most
-records fill. A field has the same slot in every type that has it (``app`` is ``s0``).
+(:data:`ANALYZED`) are kept, per record type (:func:`kind_struct`).
 """
 
 from __future__ import annotations
@@ -30,10 +25,9 @@ from agiledart.traces.schema import COMMON, FIELDS, NULLABLE, SCHEMA_VERSION
 __all__ = [
     "ANALYZED",
     "CORRUPT",
-    "LAYOUT",
     "RECORD_TYPES",
     "SCHEMA_VERSION",
-    "SLOTS",
+    "kind_struct",
     "record_schema",
     "required_fields",
     "union_schema",
@@ -87,19 +81,7 @@ def union_schema() -> T.StructType:
     return T.StructType([*seen.values(), T.StructField(CORRUPT, T.StringType(), True)])
 
 
-_FAMILY = {
-    "int": "l",
-    "float": "d",
-    "str": "s",
-    "any": "s",
-    "bool": "b",
-    "[str]": "a",
-    "[[str]]": "aa",
-    "{str: [str]}": "m",
-}
-
-
-#: the fields of each record type that the analysis reads (and the reader caches)
+#: the fields of each record type that the analysis reads (and the reader keeps)
 ANALYZED: dict[str, tuple[str, ...]] = {
     "meta": (),
     "peer": ("event", "subject", "zone"),
@@ -125,38 +107,9 @@ ANALYZED: dict[str, tuple[str, ...]] = {
 }
 
 
-def _layout() -> dict[str, dict[str, str]]:
-    """Record type -> analyzed field -> slot, greedily: fields most types share first."""
-    kinds_of: dict[str, list[str]] = {}
-    kind_of_field: dict[str, str] = {}
-    for kind, names in ANALYZED.items():
-        for name in names:
-            kinds_of.setdefault(name, []).append(kind)
-            kind_of_field[name] = FIELDS[kind][name]
-    taken: dict[str, set[str]] = {kind: set() for kind in FIELDS}
-    layout: dict[str, dict[str, str]] = {kind: {} for kind in FIELDS}
-    for name in sorted(kinds_of, key=lambda n: (-len(kinds_of[n]), n)):
-        family = _FAMILY[kind_of_field[name]]
-        i = 0
-        while any(f"{family}{i}" in taken[kind] for kind in kinds_of[name]):
-            i += 1
-        for kind in kinds_of[name]:
-            taken[kind].add(f"{family}{i}")
-            layout[kind][name] = f"{family}{i}"
-    return layout
-
-
-#: record type -> analyzed field -> the cached column holding it
-LAYOUT: dict[str, dict[str, str]] = _layout()
-
-
-def _slots() -> dict[str, T.DataType]:
-    types: dict[str, T.DataType] = {}
-    for kind, fields in LAYOUT.items():
-        for name, slot in fields.items():
-            types[slot] = _spark_type(FIELDS[kind][name])
-    return dict(sorted(types.items()))
-
-
-#: cached column -> its Spark type
-SLOTS: dict[str, T.DataType] = _slots()
+def kind_struct(kind: str) -> T.StructType:
+    """``ts``, ``peer`` and the analyzed fields of record type ``kind``: the columns the
+    reader keeps of its valid records."""
+    fields = {**COMMON, **FIELDS[kind]}
+    names = ("ts", "peer", *ANALYZED[kind])
+    return T.StructType([T.StructField(name, _spark_type(fields[name]), True) for name in names])

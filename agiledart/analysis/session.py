@@ -4,8 +4,9 @@
 given a master URL, or uses the session already active in the process
 (``spark-submit``). Spark's own logging is turned down to errors (a log4j2 file written
 for the run), its console progress bar and web UI are off, so what the user sees on
-stderr is ours. The cache of parsed records is uncompressed (see
-:mod:`~agiledart.analysis.reader`).
+stderr is ours. The reader's tasks run in Spark's Python workers: a local run starts
+them with this interpreter (``PYSPARK_PYTHON`` unless already set), where agiledart and
+pyarrow are installed; on a cluster the workers need both too.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import importlib.util
 import logging
 import os
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
@@ -59,7 +61,6 @@ DEFAULTS: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
-    "spark.sql.inMemoryColumnarStorage.compressed": "false",
 }
 
 
@@ -95,6 +96,8 @@ def spark_session(
         yield active
         return
 
+    if master is None or master.startswith("local"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     settings = {**DEFAULTS, **(LOCAL_DEFAULTS if master is None else {}), **(conf or {})}
     with tempfile.TemporaryDirectory(prefix="agiledart-spark-") as tmp:
         log4j = Path(tmp) / "log4j2.properties"

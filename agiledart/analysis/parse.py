@@ -1,0 +1,445 @@
+"""Judging trace lines into columnar tables, one piece of a trace file at a time.
+
+Theory of operation: this is the code Spark's Python workers run for the reader
+(:mod:`~agiledart.analysis.reader`); it needs pyarrow, not Spark. A trace file is cut
+into *pieces* (:func:`pieces`): byte ranges of about :data:`PIECE_BYTES` of a plain
+file, the whole of a gzip file. A piece holds the lines that *start* in its range (as
+Hadoop's line reader splits files), so every line is read exactly once whatever the cut.
+:func:`read_piece` parses it a *chunk* (:data:`CHUNK_BYTES`) at a time with Arrow's
+JSON reader against the explicit schema (:func:`arrow_schema`), which parses a line
+several times faster than anything else on hand, and gives each line one verdict, the
+same as the record-by-record rules of :func:`judge_line`:
+
+* ``not_json``: not a JSON object (a truncated line, garbage, an array);
+* ``unknown_type``: a JSON object whose ``type`` is missing or not a record type;
+* ``unsupported_version``: ``v`` is not ``SCHEMA_VERSION``;
+* ``bad_fields``: a field of the wrong type, or a field that may not be null missing;
+* else a valid record of its type.
+
+Arrow refuses a whole chunk over one line that does not fit the schema, and does not
+keep the lines' text; so a chunk that it refuses, or in which it finds any malformed
+line, is judged again line by line with :func:`judge_line` (a killed peer's last line
+costs one chunk's worth of slow parsing, not a file's). The rules are Spark's JSON
+reader's, which the analysis used before: a number or a boolean where a string
+belongs is read as its text; an integer where a float belongs is a float, but not the
+other way round.
+
+The valid records of each type come out as one Arrow table per type with ``ts``,
+``peer`` and the fields the analysis reads (:data:`~agiledart.analysis.schemas.ANALYZED`),
+which the reader writes as Parquet for the Spark jobs.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+
+from agiledart.analysis.schemas import ANALYZED, required_fields
+from agiledart.traces.schema import COMMON, FIELDS, SCHEMA_VERSION
+
+__all__ = [
+    "CHUNK_BYTES",
+    "PIECE_BYTES",
+    "REASONS",
+    "Piece",
+    "PieceResult",
+    "arrow_schema",
+    "judge_line",
+    "kind_schema",
+    "pieces",
+    "read_piece",
+    "write_piece",
+]
+
+#: verdicts of malformed lines, in report order
+REASONS = ("not_json", "unknown_type", "unsupported_version", "bad_fields")
+#: bytes of a plain trace file per piece (one Spark task)
+PIECE_BYTES = 64 << 20
+#: bytes Arrow's JSON reader parses at once
+CHUNK_BYTES = 8 << 20
+#: malformed lines kept as examples, per piece
+EXAMPLES = 10
+RECORD_TYPES: tuple[str, ...] = tuple(FIELDS)
+_KINDS = pa.array(RECORD_TYPES)
+
+
+def _arrow_type(kind: str) -> pa.DataType:
+    if kind == "int":
+        return pa.int64()
+    if kind == "float":
+        return pa.float64()
+    if kind in ("str", "any"):
+        return pa.string()
+    if kind == "bool":
+        return pa.bool_()
+    if kind == "[str]":
+        return pa.list_(pa.string())
+    if kind == "[[str]]":
+        return pa.list_(pa.list_(pa.string()))
+    if kind == "{str: [str]}":
+        return pa.map_(pa.string(), pa.list_(pa.string()))
+    msg = f"no Arrow type for trace field type {kind!r}"
+    raise AssertionError(msg)
+
+
+def _field_types() -> dict[str, str]:
+    types: dict[str, str] = dict(COMMON)
+    for fields in FIELDS.values():
+        for name, kind in fields.items():
+            if types.setdefault(name, kind) != kind:
+                msg = f"field {name!r} has two types in the trace schema"
+                raise AssertionError(msg)
+    return types
+
+
+#: every field of every record type -> its trace field type
+FIELD_TYPES: dict[str, str] = _field_types()
+_MAPS = frozenset(name for name, kind in FIELD_TYPES.items() if kind.startswith("{"))
+
+
+def arrow_schema() -> pa.Schema:
+    """The schema Arrow's JSON reader parses every line with: every field of every
+    record type but the maps, which Arrow reads as structs (their keys are data), so
+    they are inferred and converted afterwards."""
+    return pa.schema(
+        [(name, _arrow_type(kind)) for name, kind in FIELD_TYPES.items() if name not in _MAPS]
+    )
+
+
+def kind_schema(kind: str) -> pa.Schema:
+    """The columns of the valid ``kind`` records the reader keeps."""
+    names = ("ts", "peer", *ANALYZED[kind])
+    return pa.schema([(name, _arrow_type(FIELD_TYPES[name])) for name in names])
+
+
+_REQUIRED = {kind: required_fields(kind) for kind in RECORD_TYPES}
+_SCHEMA = arrow_schema()
+_PARSE = pj.ParseOptions(explicit_schema=_SCHEMA, unexpected_field_behavior="infer")
+
+
+# -- one line at a time: the rules ---------------------------------------------------
+
+
+def _fits(kind: str, value: Any) -> bool:
+    """Whether Spark's JSON reader reads ``value`` (not null) as a field of ``kind``."""
+    if kind in ("str", "any"):
+        return True  # scalars as their text, structures as their JSON text
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "[str]":
+        return isinstance(value, list)
+    if kind == "[[str]]":
+        return isinstance(value, list) and all(x is None or isinstance(x, list) for x in value)
+    if kind == "{str: [str]}":
+        return isinstance(value, dict) and all(
+            x is None or isinstance(x, list) for x in value.values()
+        )
+    msg = f"unknown field type {kind!r}"
+    raise AssertionError(msg)
+
+
+def _text(value: Any) -> Any:
+    """A value where a string belongs, as Spark keeps it: scalars and structures as text."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return json.dumps(value)
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _strings(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_strings(x) for x in value]
+    return _text(value)
+
+
+def judge_line(line: str) -> tuple[str, dict[str, Any]]:
+    """The verdict on one (non-blank) line: a record type and the record, or a reason
+    from :data:`REASONS` and an empty dict."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return "not_json", {}
+    if not isinstance(record, dict):
+        return "not_json", {}
+    kind = _text(record.get("type"))
+    if kind not in FIELDS:
+        return "unknown_type", {}
+    version = record.get("v")
+    if isinstance(version, int) and not isinstance(version, bool) and version != SCHEMA_VERSION:
+        return "unsupported_version", {}
+    for name, value in record.items():
+        expected = FIELD_TYPES.get(name)
+        if expected is not None and value is not None and not _fits(expected, value):
+            return "bad_fields", {}
+    if any(record.get(name) is None for name in _REQUIRED[kind]):
+        return "bad_fields", {}
+    return kind, record
+
+
+def _row(kind: str, record: dict[str, Any], schema: pa.Schema) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for name in schema.names:
+        value = record.get(name)
+        expected = FIELD_TYPES[name]
+        if expected in ("str", "any"):
+            value = _text(value)
+        elif expected.startswith("[") and value is not None:
+            value = _strings(value)
+        elif expected.startswith("{") and value is not None:
+            value = [(k, _strings(v)) for k, v in value.items()]
+        elif expected == "float" and value is not None:
+            value = float(value)
+        row[name] = value
+    return row
+
+
+# -- pieces and chunks ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Lines of ``path`` that start in ``[start, end)`` (``end`` -1: to the end)."""
+
+    path: str
+    start: int
+    end: int
+
+
+def pieces(files: list[Path], piece_bytes: int = PIECE_BYTES) -> list[Piece]:
+    """The pieces of ``files``: ranges of plain files, gzip files whole."""
+    out: list[Piece] = []
+    for path in files:
+        size = path.stat().st_size
+        if path.name.endswith(".gz") or size <= piece_bytes:
+            out.append(Piece(str(path), 0, -1))
+            continue
+        out += [
+            Piece(str(path), start, min(start + piece_bytes, size))
+            for start in range(0, size, piece_bytes)
+        ]
+    return out
+
+
+def _plain_chunks(piece: Piece, chunk_bytes: int) -> Iterator[bytes]:
+    """Whole lines that start in the piece's range, about ``chunk_bytes`` at a time."""
+    with open(piece.path, "rb") as fh:
+        position = piece.start
+        if position > 0:
+            # the line under way at ``start`` belongs to the piece before
+            fh.seek(position - 1)
+            skipped = fh.readline()
+            position += len(skipped) - 1
+        carry = b""
+        while piece.end < 0 or position < piece.end:
+            want = chunk_bytes if piece.end < 0 else min(chunk_bytes, piece.end - position)
+            block = fh.read(want)
+            if not block:
+                break
+            position += len(block)
+            data = carry + block
+            cut = data.rfind(b"\n") + 1
+            carry = data[cut:]
+            if cut:
+                yield data[:cut]
+        if carry:
+            # the last line starting in the range runs past it, or the file has no
+            # final newline
+            rest = carry if piece.end < 0 else carry + fh.readline()
+            yield rest
+
+
+def _gzip_chunks(path: str, chunk_bytes: int) -> Iterator[bytes]:
+    """The decompressed lines of a gzip file (members one after another), up to where
+    it was cut short if it was: what a killed peer flushed is still read."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    carry = b""
+    with open(path, "rb") as fh:
+        while raw := fh.read(chunk_bytes):
+            data = carry
+            broken = False
+            try:
+                while raw:
+                    data += inflater.decompress(raw)
+                    raw = b""
+                    if inflater.eof and inflater.unused_data:
+                        raw = inflater.unused_data
+                        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            except zlib.error:
+                broken = True  # garbage after the last good byte: keep what came before
+            cut = data.rfind(b"\n") + 1
+            carry = data[cut:]
+            if cut:
+                yield data[:cut]
+            if broken:
+                break
+    if carry:
+        yield carry
+
+
+def _chunks(piece: Piece, chunk_bytes: int) -> Iterator[bytes]:
+    if piece.path.endswith(".gz"):
+        return _gzip_chunks(piece.path, chunk_bytes)
+    return _plain_chunks(piece, chunk_bytes)
+
+
+# -- a piece's result ----------------------------------------------------------------
+
+
+@dataclass
+class PieceResult:
+    """What one piece held: valid records per type, tallies, malformed lines."""
+
+    tables: dict[str, list[pa.Table]] = field(default_factory=dict)
+    tally: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    """(record type, peer) -> [records, earliest ts, latest ts]"""
+    malformed: dict[str, int] = field(default_factory=dict)
+    """reason -> lines"""
+    examples: list[tuple[str, str]] = field(default_factory=list)
+    """(reason, the line)"""
+
+    def add(self, kind: str, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        self.tables.setdefault(kind, []).append(table)
+        grouped = table.group_by("peer").aggregate([("ts", "count"), ("ts", "min"), ("ts", "max")])
+        for peer, n, t0, t1 in zip(
+            grouped["peer"].to_pylist(),
+            grouped["ts_count"].to_pylist(),
+            grouped["ts_min"].to_pylist(),
+            grouped["ts_max"].to_pylist(),
+            strict=True,
+        ):
+            seen = self.tally.get((kind, peer))
+            if seen is None:
+                self.tally[(kind, peer)] = [n, t0, t1]
+            else:
+                seen[0] += n
+                seen[1] = min(seen[1], t0)
+                seen[2] = max(seen[2], t1)
+
+    def bad(self, reason: str, line: str) -> None:
+        self.malformed[reason] = self.malformed.get(reason, 0) + 1
+        if len(self.examples) < EXAMPLES:
+            self.examples.append((reason, line))
+
+
+def _map_column(column: pa.ChunkedArray) -> pa.Array | None:
+    """A map field that Arrow inferred as a struct (or all nulls) as a map, or None
+    when it is something else (the chunk is then judged line by line)."""
+    target = _arrow_type("{str: [str]}")
+    if pa.types.is_null(column.type):
+        return pa.nulls(len(column), target)
+    if not pa.types.is_struct(column.type):
+        return None
+    for child in column.type:
+        if not (pa.types.is_null(child.type) or child.type == target.item_type):
+            return None
+    rows = [
+        None if value is None else [(k, v) for k, v in value.items() if v is not None]
+        for value in column.to_pylist()
+    ]
+    return pa.array(rows, type=target)
+
+
+def _fast(data: bytes, result: PieceResult) -> bool:
+    """Judge ``data`` with Arrow; False (and nothing added) if it cannot be done so."""
+    try:
+        table = pj.read_json(
+            io.BytesIO(data),
+            read_options=pj.ReadOptions(use_threads=False, block_size=len(data) + 1),
+            parse_options=_PARSE,
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
+    maps: dict[str, pa.Array] = {}
+    for name in _MAPS:
+        if name in table.column_names:
+            converted = _map_column(table[name])
+            if converted is None:
+                return False
+            maps[name] = converted
+    code = pc.index_in(table["type"], value_set=_KINDS)
+    version = table["v"]
+    if (
+        pc.any(pc.is_null(code)).as_py()
+        or pc.any(pc.and_(pc.is_valid(version), pc.not_equal(version, SCHEMA_VERSION))).as_py()
+    ):
+        return False
+    wanted: dict[str, pa.Table] = {}
+    for i, kind in enumerate(RECORD_TYPES):
+        mine = pc.equal(code, i)
+        if not pc.any(mine).as_py():
+            continue
+        rows = table.filter(mine)
+        own = {name: maps[name].filter(mine) for name in maps}
+        for name in _REQUIRED[kind]:
+            column = own.get(name) if name in _MAPS else rows[name]
+            if column is None or column.null_count:
+                return False
+        schema = kind_schema(kind)
+        columns = [own[name] if name in _MAPS else rows[name] for name in schema.names]
+        wanted[kind] = pa.Table.from_arrays(columns, schema=schema)
+    for kind, rows in wanted.items():
+        result.add(kind, rows)
+    return True
+
+
+def _slow(data: bytes, result: PieceResult) -> None:
+    """Judge ``data`` line by line (:func:`judge_line`), keeping malformed examples."""
+    records: dict[str, list[dict[str, Any]]] = {}
+    for raw in data.split(b"\n"):
+        if not raw.strip():
+            continue
+        line = raw.decode("utf-8", errors="replace").rstrip("\r")
+        verdict, record = judge_line(line)
+        if verdict in FIELDS:
+            records.setdefault(verdict, []).append(record)
+        else:
+            result.bad(verdict, line)
+    for kind, found in records.items():
+        schema = kind_schema(kind)
+        rows = [_row(kind, record, schema) for record in found]
+        result.add(kind, pa.Table.from_pylist(rows, schema=schema))
+
+
+def read_piece(piece: Piece, chunk_bytes: int = CHUNK_BYTES) -> PieceResult:
+    """Every line of ``piece``, judged."""
+    result = PieceResult()
+    for data in _chunks(piece, chunk_bytes):
+        if not _fast(data, result):
+            _slow(data, result)
+    return result
+
+
+def write_piece(index: int, piece: Piece, parts: str) -> dict[str, Any]:
+    """Judge ``piece`` and write its valid records as Parquet, one file per record type
+    under ``parts/<type>/``; return its tallies and malformed lines (the Spark task)."""
+    import pyarrow.parquet as pq
+
+    result = read_piece(piece)
+    for kind, tables in result.tables.items():
+        folder = Path(parts) / kind
+        folder.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.concat_tables(tables), folder / f"part-{index:06d}.parquet")
+    return {
+        "path": piece.path,
+        "tally": result.tally,
+        "malformed": result.malformed,
+        "examples": result.examples,
+    }

@@ -1,0 +1,140 @@
+"""The reader's tasks without Spark: pieces cover every line once, and Arrow's verdicts
+on a chunk are the line-by-line rules' verdicts."""
+
+from __future__ import annotations
+
+import gzip
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from agiledart.analysis import parse
+from agiledart.traces import TraceWriter
+
+from .test_analysis_malformed import BAD_LINES
+
+
+def _trace(directory: Path, peer: str = "p1") -> Path:
+    """A trace with a record of every type, as a peer writes it."""
+    with TraceWriter(directory, peer, zone="z1") as w:
+        for i in range(300):
+            w.emit("tuple", app="a", sink="s", trace_id=i, source_ts=0.0, sink_ts=1.0, latency_ms=i)
+            w.emit("peer", event="joined", subject=f"p{i}", node_id=None, zone="z1")
+            if i % 10 == 0:
+                w.emit(
+                    "placement",
+                    app="a",
+                    name="app",
+                    strategy=None,
+                    placement={"src": ["p1"], f"op-{i}": ["p2", "p3"]},
+                    paths=[["p1", "p2"]],
+                )
+                w.emit(
+                    "opstats",
+                    app="a",
+                    operator="op",
+                    records_in=i,
+                    records_out=i,
+                    rate_in=1.0,
+                    queue=0,
+                    utilization=None,
+                    service_us=None,
+                )
+                w.emit(
+                    "delivery",
+                    app="a",
+                    packet=str(i),
+                    origin="n0",
+                    dest="n9",
+                    k=i,
+                    path=["n0", "n9"],
+                    attempts=1,
+                    delay_ms=2.5,
+                    optimal_ms=None,
+                    policy="agiledart",
+                    graph=None,
+                )
+    return directory / peer / "trace-000001.ndjson"
+
+
+def _rows(result: parse.PieceResult) -> dict[str, list[dict[str, object]]]:
+    return {kind: pa.concat_tables(tables).to_pylist() for kind, tables in result.tables.items()}
+
+
+def test_the_pieces_of_a_file_hold_each_line_once(tmp_path: Path) -> None:
+    path = _trace(tmp_path)
+    whole = parse.read_piece(parse.Piece(str(path), 0, -1))
+    rng = random.Random(7)
+    for _ in range(25):
+        size = rng.randint(1, 4000)
+        result = parse.PieceResult()
+        for piece in parse.pieces([path], piece_bytes=size):
+            part = parse.read_piece(piece, chunk_bytes=rng.randint(1, 3000))
+            for kind, tables in part.tables.items():
+                result.tables.setdefault(kind, []).extend(tables)
+            assert not part.malformed, (size, piece)
+        assert _rows(result) == _rows(whole)
+    assert sum(len(rows) for rows in _rows(whole).values()) == len(path.read_text().splitlines())
+
+
+def test_arrow_and_the_line_rules_agree_on_valid_lines(tmp_path: Path) -> None:
+    data = _trace(tmp_path).read_bytes()
+    fast, slow = parse.PieceResult(), parse.PieceResult()
+    assert parse._fast(data, fast)
+    parse._slow(data, slow)
+    assert _rows(fast) == _rows(slow)
+    assert fast.tally == slow.tally
+    placement = _rows(fast)["placement"][1]
+    assert placement["placement"] == [("src", ["p1"]), ("op-10", ["p2", "p3"])]
+    assert placement["strategy"] is None
+
+
+@pytest.mark.parametrize("reason", list(BAD_LINES))
+def test_a_chunk_with_a_malformed_line_is_judged_line_by_line(tmp_path: Path, reason: str) -> None:
+    good = _trace(tmp_path).read_bytes()
+    for bad in BAD_LINES[reason]:
+        result = parse.PieceResult()
+        data = good + bad.encode("utf-8", "surrogateescape") + b"\n" + good
+        assert not parse._fast(data, parse.PieceResult())
+        parse._slow(data, result)
+        assert result.malformed == {reason: 1}
+        assert result.examples[0][0] == reason
+        assert sum(len(rows) for rows in _rows(result).values()) == 2 * len(good.splitlines())
+
+
+def test_line_rules_follow_sparks_json_reader() -> None:
+    head = '{"v":1,"type":"scheduler","ts":1.0,"peer":"p"'
+    assert parse.judge_line(head + ',"zone":7,"scheduler":true,"event":"e","apps":2}')[0] == (
+        "scheduler"
+    )  # numbers and booleans where strings belong are their text
+    assert parse.judge_line(head + ',"zone":"z","scheduler":"s","event":"e","apps":2.0}')[0] == (
+        "bad_fields"
+    )  # a float is no integer
+    assert parse.judge_line(head + ',"zone":"z","scheduler":"s","event":"e","apps":true}')[0] == (
+        "bad_fields"
+    )
+    assert parse.judge_line('{"v":"1","type":"meta","ts":1.0,"peer":"p"}')[0] == "bad_fields"
+    assert parse.judge_line('{"v":3,"type":"nope"}')[0] == "unknown_type"
+    assert parse.judge_line('"text"')[0] == "not_json"
+
+
+def test_a_cut_gzip_file_is_read_up_to_the_cut(tmp_path: Path) -> None:
+    lines = [
+        f'{{"v":1,"type":"peer","ts":{i}.0,"peer":"p","event":"e","subject":"s"}}\n'
+        for i in range(2000)
+    ]
+    blob = gzip.compress("".join(lines).encode()) + gzip.compress(lines[0].encode())
+    whole = tmp_path / "whole.ndjson.gz"
+    whole.write_bytes(blob)
+    assert (
+        parse.read_piece(parse.Piece(str(whole), 0, -1), chunk_bytes=512).tally[("peer", "p")][0]
+        == 2001
+    )
+    cut = tmp_path / "cut.ndjson.gz"
+    cut.write_bytes(blob[: len(blob) // 2])
+    result = parse.read_piece(parse.Piece(str(cut), 0, -1), chunk_bytes=512)
+    read = result.tally[("peer", "p")][0]
+    assert 0 < read < 2000
+    assert sum(result.malformed.values()) <= 1  # at most the line the cut went through
