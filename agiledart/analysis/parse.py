@@ -106,12 +106,28 @@ FIELD_TYPES: dict[str, str] = _field_types()
 _MAPS = frozenset(name for name, kind in FIELD_TYPES.items() if kind.startswith("{"))
 
 
+def _checked() -> frozenset[str]:
+    names = set(COMMON)
+    for kind in FIELDS:
+        names.update(ANALYZED[kind], required_fields(kind))
+    return frozenset(names)
+
+
+#: the fields whose type is checked: those a valid record of some type must carry and
+#: those the analysis reads (the rest, optional and unread, need only be valid JSON)
+CHECKED: frozenset[str] = _checked()
+
+
 def arrow_schema() -> pa.Schema:
-    """The schema Arrow's JSON reader parses every line with: every field of every
-    record type but the maps, which Arrow reads as structs (their keys are data), so
-    they are inferred and converted afterwards."""
+    """The schema Arrow's JSON reader parses every line with: the :data:`CHECKED`
+    fields but the maps, which it cannot read as maps (their lines are judged one by
+    one, :func:`judge_line`)."""
     return pa.schema(
-        [(name, _arrow_type(kind)) for name, kind in FIELD_TYPES.items() if name not in _MAPS]
+        [
+            (name, _arrow_type(kind))
+            for name, kind in FIELD_TYPES.items()
+            if name in CHECKED and name not in _MAPS
+        ]
     )
 
 
@@ -123,7 +139,7 @@ def kind_schema(kind: str) -> pa.Schema:
 
 _REQUIRED = {kind: required_fields(kind) for kind in RECORD_TYPES}
 _SCHEMA = arrow_schema()
-_PARSE = pj.ParseOptions(explicit_schema=_SCHEMA, unexpected_field_behavior="infer")
+_PARSE = pj.ParseOptions(explicit_schema=_SCHEMA, unexpected_field_behavior="ignore")
 
 
 # -- one line at a time: the rules ---------------------------------------------------
@@ -184,8 +200,9 @@ def judge_line(line: str) -> tuple[str, dict[str, Any]]:
     if isinstance(version, int) and not isinstance(version, bool) and version != SCHEMA_VERSION:
         return "unsupported_version", {}
     for name, value in record.items():
-        expected = FIELD_TYPES.get(name)
-        if expected is not None and value is not None and not _fits(expected, value):
+        if value is None or name not in CHECKED or (name in _MAPS and name not in FIELDS[kind]):
+            continue
+        if not _fits(FIELD_TYPES[name], value):
             return "bad_fields", {}
     if any(record.get(name) is None for name in _REQUIRED[kind]):
         return "bad_fields", {}
@@ -314,24 +331,25 @@ class PieceResult:
     """(reason, the line)"""
 
     def add(self, kind: str, table: pa.Table) -> None:
-        if table.num_rows == 0:
-            return
-        self.tables.setdefault(kind, []).append(table)
-        grouped = table.group_by("peer").aggregate([("ts", "count"), ("ts", "min"), ("ts", "max")])
-        for peer, n, t0, t1 in zip(
-            grouped["peer"].to_pylist(),
-            grouped["ts_count"].to_pylist(),
-            grouped["ts_min"].to_pylist(),
-            grouped["ts_max"].to_pylist(),
-            strict=True,
-        ):
-            seen = self.tally.get((kind, peer))
-            if seen is None:
+        if table.num_rows:
+            self.tables.setdefault(kind, []).append(table)
+
+    def count(self) -> None:
+        """Fill :attr:`tally` from the tables."""
+        for kind, tables in self.tables.items():
+            grouped = (
+                pa.concat_tables(tables)
+                .group_by("peer")
+                .aggregate([("ts", "count"), ("ts", "min"), ("ts", "max")])
+            )
+            for peer, n, t0, t1 in zip(
+                grouped["peer"].to_pylist(),
+                grouped["ts_count"].to_pylist(),
+                grouped["ts_min"].to_pylist(),
+                grouped["ts_max"].to_pylist(),
+                strict=True,
+            ):
                 self.tally[(kind, peer)] = [n, t0, t1]
-            else:
-                seen[0] += n
-                seen[1] = min(seen[1], t0)
-                seen[2] = max(seen[2], t1)
 
     def bad(self, reason: str, line: str) -> None:
         self.malformed[reason] = self.malformed.get(reason, 0) + 1
@@ -339,22 +357,14 @@ class PieceResult:
             self.examples.append((reason, line))
 
 
-def _map_column(column: pa.ChunkedArray) -> pa.Array | None:
-    """A map field that Arrow inferred as a struct (or all nulls) as a map, or None
-    when it is something else (the chunk is then judged line by line)."""
-    target = _arrow_type("{str: [str]}")
-    if pa.types.is_null(column.type):
-        return pa.nulls(len(column), target)
-    if not pa.types.is_struct(column.type):
+def _lines_of(data: bytes, rows: list[int]) -> list[str] | None:
+    """The text of the ``rows``-th non-blank lines of ``data`` (Arrow's row numbers), or
+    None if the count of non-blank lines is not what Arrow read."""
+    lines = [line for line in data.split(b"\n") if line.strip()]
+    try:
+        return [lines[i].decode("utf-8", errors="replace") for i in rows]
+    except IndexError:
         return None
-    for child in column.type:
-        if not (pa.types.is_null(child.type) or child.type == target.item_type):
-            return None
-    rows = [
-        None if value is None else [(k, v) for k, v in value.items() if v is not None]
-        for value in column.to_pylist()
-    ]
-    return pa.array(rows, type=target)
 
 
 def _fast(data: bytes, result: PieceResult) -> bool:
@@ -367,34 +377,32 @@ def _fast(data: bytes, result: PieceResult) -> bool:
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return False
-    maps: dict[str, pa.Array] = {}
-    for name in _MAPS:
-        if name in table.column_names:
-            converted = _map_column(table[name])
-            if converted is None:
-                return False
-            maps[name] = converted
     code = pc.index_in(table["type"], value_set=_KINDS)
     version = table["v"]
-    if (
-        pc.any(pc.is_null(code)).as_py()
-        or pc.any(pc.and_(pc.is_valid(version), pc.not_equal(version, SCHEMA_VERSION))).as_py()
-    ):
+    if code.null_count or pc.any(pc.not_equal(version, SCHEMA_VERSION)).as_py():
         return False
+    present = pc.value_counts(code)
     wanted: dict[str, pa.Table] = {}
-    for i, kind in enumerate(RECORD_TYPES):
-        mine = pc.equal(code, i)
-        if not pc.any(mine).as_py():
-            continue
-        rows = table.filter(mine)
-        own = {name: maps[name].filter(mine) for name in maps}
-        for name in _REQUIRED[kind]:
-            column = own.get(name) if name in _MAPS else rows[name]
-            if column is None or column.null_count:
-                return False
+    for i in sorted(present.field(0).to_pylist()):
+        kind = RECORD_TYPES[i]
         schema = kind_schema(kind)
-        columns = [own[name] if name in _MAPS else rows[name] for name in schema.names]
-        wanted[kind] = pa.Table.from_arrays(columns, schema=schema)
+        mine = pc.equal(code, i)
+        maps = [name for name in schema.names if name in _MAPS]
+        if maps:
+            # Arrow reads an object as a struct: these few lines are judged one by one
+            found = _lines_of(data, pc.indices_nonzero(mine).to_pylist())
+            if found is None:
+                return False
+            judged = [judge_line(line) for line in found]
+            if any(verdict != kind for verdict, _ in judged):
+                return False
+            rows = [_row(kind, record, schema) for _, record in judged]
+            wanted[kind] = pa.Table.from_pylist(rows, schema=schema)
+            continue
+        own = table.select(list(dict.fromkeys([*schema.names, *_REQUIRED[kind]]))).filter(mine)
+        if any(own[name].null_count for name in _REQUIRED[kind]):
+            return False
+        wanted[kind] = own.select(schema.names)
     for kind, rows in wanted.items():
         result.add(kind, rows)
     return True
@@ -424,6 +432,7 @@ def read_piece(piece: Piece, chunk_bytes: int = CHUNK_BYTES) -> PieceResult:
     for data in _chunks(piece, chunk_bytes):
         if not _fast(data, result):
             _slow(data, result)
+    result.count()
     return result
 
 
@@ -436,7 +445,9 @@ def write_piece(index: int, piece: Piece, parts: str) -> dict[str, Any]:
     for kind, tables in result.tables.items():
         folder = Path(parts) / kind
         folder.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.concat_tables(tables), folder / f"part-{index:06d}.parquet")
+        pq.write_table(
+            pa.concat_tables(tables), folder / f"part-{index:06d}.parquet", compression="none"
+        )
     return {
         "path": piece.path,
         "tally": result.tally,

@@ -1,19 +1,19 @@
 """Spark schemas of the trace records, derived from :mod:`agiledart.traces.schema`.
 
 One :class:`~pyspark.sql.types.StructType` per record type (the common fields, then
-the type's own), and their union, which the reader parses every line with once: a
-field name means the same thing, with the same type, in every record type that has
-it, so the union is well defined (:func:`union_schema` checks that).
+the type's own), and their union (what ``scripts/bench_analyze.py`` has Spark's JSON
+source parse, as its anchor): a field name means the same thing, with the same type, in
+every record type that has it, so the union is well defined (:func:`union_schema`
+checks that).
 
 JSON-ish field types map to Spark types as ``int`` -> long, ``float`` -> double,
 ``str`` -> string, ``bool`` -> boolean, ``[str]`` -> array<string>, ``[[str]]`` ->
 array<array<string>>, ``{str: [str]}`` -> map<string, array<string>>, ``any`` ->
-string (the value's JSON text). One leniency: Spark's JSON parser reads a number or
-a boolean where a string belongs as its text, so only numeric, boolean and structured
-fields are type-checked.
+string (the value's JSON text).
 
-Every field is parsed and type-checked, but only the fields the analysis reads
-(:data:`ANALYZED`) are kept, per record type (:func:`kind_struct`).
+The reader (:mod:`~agiledart.analysis.parse`) keeps, of each valid record, only ``ts``,
+``peer`` and the fields the analysis reads (:data:`ANALYZED`), with the Spark schema of
+:func:`kind_struct`.
 """
 
 from __future__ import annotations

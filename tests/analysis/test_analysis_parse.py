@@ -138,3 +138,20 @@ def test_a_cut_gzip_file_is_read_up_to_the_cut(tmp_path: Path) -> None:
     read = result.tally[("peer", "p")][0]
     assert 0 < read < 2000
     assert sum(result.malformed.values()) <= 1  # at most the line the cut went through
+
+
+def test_both_ways_of_judging_leave_unread_optional_fields_alone() -> None:
+    line = (
+        '{"v":1,"type":"shuffle","ts":1.0,"peer":"p","app":"a","packet":"1","origin":"n0",'
+        '"dest":"n1","hop":1,"node":"n0","next":"n1","outcome":"ok","delay_ms":2.0,'
+        '"policy":"agiledart","graph":null,"tau":1,"omega":"high","j":[1],"extra":{"x":1}}'
+    )
+    assert "omega" not in parse.CHECKED
+    fast, slow = parse.PieceResult(), parse.PieceResult()
+    assert parse._fast(line.encode() + b"\n", fast)
+    parse._slow(line.encode() + b"\n", slow)
+    assert _rows(fast) == _rows(slow)
+    assert _rows(fast)["shuffle"][0]["delay_ms"] == 2.0
+    # a required field that no table reads is still checked
+    assert parse.judge_line(line.replace('"tau":1', '"tau":1.5'))[0] == "bad_fields"
+    assert not parse._fast(line.replace('"tau":1', '"tau":1.5').encode() + b"\n", fast)
