@@ -441,7 +441,11 @@ def write_piece(index: int, piece: Piece, parts: str) -> dict[str, Any]:
     under ``parts/<type>/``; return its tallies and malformed lines (the Spark task)."""
     import pyarrow.parquet as pq
 
-    result = read_piece(piece)
+    try:
+        result = read_piece(piece)
+    except OSError as exc:
+        # unreadable (permissions, removed since it was listed): the driver says which
+        return {"path": piece.path, "error": f"{type(exc).__name__}: {exc}"}
     for kind, tables in result.tables.items():
         folder = Path(parts) / kind
         folder.mkdir(parents=True, exist_ok=True)

@@ -125,11 +125,20 @@ def read_traces(spark: SparkSession, directory: Path, parts: Path) -> Traces:
     parts.mkdir(parents=True)
     work = sorted(pieces(files), key=lambda p: -_size(p))
     target = str(parts)
-    done: list[dict[str, Any]] = (
-        spark.sparkContext.parallelize(list(enumerate(work)), len(work))
-        .map(lambda job: write_piece(job[0], job[1], target))
-        .collect()
-    )
+    try:
+        done: list[dict[str, Any]] = (
+            spark.sparkContext.parallelize(list(enumerate(work)), len(work))
+            .map(lambda job: write_piece(job[0], job[1], target))
+            .collect()
+        )
+        failed = sorted({(d["path"], d["error"]) for d in done if "error" in d})
+        if failed:
+            shown = "; ".join(f"{_display(path, directory)}: {error}" for path, error in failed)
+            msg = f"cannot read {len(failed)} trace file(s): {shown}"
+            raise AnalysisUsageError(msg)
+    except BaseException:
+        shutil.rmtree(parts, ignore_errors=True)
+        raise
     counts: dict[str, int] = {}
     writers: set[str] = set()
     t0: float | None = None

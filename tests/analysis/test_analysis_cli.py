@@ -63,6 +63,21 @@ def test_a_directory_without_traces_is_an_error(
     assert "no trace files" in capsys.readouterr().err
 
 
+def test_an_unreadable_trace_file_is_named_and_nothing_is_left_behind(
+    spark: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    traces = tmp_path / "traces"
+    good = traces / "p1" / "trace-000001.ndjson"
+    good.parent.mkdir(parents=True)
+    good.write_text('{"v":1,"type":"meta","ts":1.0,"peer":"p1","schema":1,"version":"x"}\n')
+    (traces / "p2" / "trace-000001.ndjson").mkdir(parents=True)  # not a file
+    out = tmp_path / "o"
+    assert main(["analyze", str(traces), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "cannot read 1 trace file(s): p2/trace-000001.ndjson: IsADirectoryError" in err
+    assert not (out / ".records").exists()
+
+
 @pytest.mark.parametrize("window", ["0", "-1", "nan"])
 def test_a_bad_window_is_an_error(
     window: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
