@@ -1,14 +1,16 @@
 """Judging trace lines into columnar tables, one piece of a trace file at a time.
 
 Theory of operation: this is the code Spark's Python workers run for the reader
-(:mod:`~agiledart.analysis.reader`); it needs pyarrow, not Spark. A trace file is cut
+(:mod:`~agiledart.analysis.reader`); it works on bytes and Arrow tables, not on
+Spark's DataFrames, and can be tested without a Spark session. A trace file is cut
 into *pieces* (:func:`pieces`): byte ranges of about :data:`PIECE_BYTES` of a plain
 file, the whole of a gzip file. A piece holds the lines that *start* in its range (as
 Hadoop's line reader splits files), so every line is read exactly once whatever the cut.
 :func:`read_piece` parses it a *chunk* (:data:`CHUNK_BYTES`) at a time with Arrow's
-JSON reader against the explicit schema (:func:`arrow_schema`), which parses a line
-several times faster than anything else on hand, and gives each line one verdict, the
-same as the record-by-record rules of :func:`judge_line`:
+JSON reader against the explicit schema (:func:`arrow_schema`: the :data:`CHECKED`
+fields), which parses about as fast as Spark's own JSON source, and gives each line
+one verdict with a few vectorised comparisons over the chunk, the same verdict as the
+record-by-record rules of :func:`judge_line`:
 
 * ``not_json``: not a JSON object (a truncated line, garbage, an array);
 * ``unknown_type``: a JSON object whose ``type`` is missing or not a record type;
