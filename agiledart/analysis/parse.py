@@ -36,7 +36,7 @@ from __future__ import annotations
 import io
 import json
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ from agiledart.traces.schema import COMMON, FIELDS, SCHEMA_VERSION
 
 __all__ = [
     "CHUNK_BYTES",
+    "FLUSH_BYTES",
     "PIECE_BYTES",
     "REASONS",
     "Piece",
@@ -68,6 +69,8 @@ REASONS = ("not_json", "unknown_type", "unsupported_version", "bad_fields")
 PIECE_BYTES = 64 << 20
 #: bytes Arrow's JSON reader parses at once
 CHUNK_BYTES = 8 << 20
+#: bytes of parsed records a task holds before writing them out
+FLUSH_BYTES = 128 << 20
 #: malformed lines kept as examples, per piece
 EXAMPLES = 10
 RECORD_TYPES: tuple[str, ...] = tuple(FIELDS)
@@ -284,31 +287,36 @@ def _plain_chunks(piece: Piece, chunk_bytes: int) -> Iterator[bytes]:
 
 
 def _gzip_chunks(path: str, chunk_bytes: int) -> Iterator[bytes]:
-    """The decompressed lines of a gzip file (members one after another), up to where
-    it was cut short if it was: what a killed peer flushed is still read."""
+    """The decompressed lines of a gzip file (members one after another), about
+    ``chunk_bytes`` at a time, up to where it was cut short if it was: what a killed
+    peer flushed is still read."""
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    carry = b""
+    pending: list[bytes] = []
+    held = 0
+    broken = False
     with open(path, "rb") as fh:
-        while raw := fh.read(chunk_bytes):
-            data = carry
-            broken = False
+        # compressed input a little at a time: a megabyte can inflate to tens
+        while not broken and (raw := fh.read(1 << 20)):
             try:
                 while raw:
-                    data += inflater.decompress(raw)
+                    out = inflater.decompress(raw)
+                    pending.append(out)
+                    held += len(out)
                     raw = b""
                     if inflater.eof and inflater.unused_data:
                         raw = inflater.unused_data
                         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
             except zlib.error:
                 broken = True  # garbage after the last good byte: keep what came before
-            cut = data.rfind(b"\n") + 1
-            carry = data[cut:]
-            if cut:
-                yield data[:cut]
-            if broken:
-                break
-    if carry:
-        yield carry
+            if held >= chunk_bytes or broken:
+                data = b"".join(pending)
+                cut = data.rfind(b"\n") + 1
+                pending, held = [data[cut:]], len(data) - cut
+                if cut:
+                    yield data[:cut]
+    rest = b"".join(pending)
+    if rest:
+        yield rest
 
 
 def _chunks(piece: Piece, chunk_bytes: int) -> Iterator[bytes]:
@@ -332,17 +340,20 @@ class PieceResult:
     examples: list[tuple[str, str]] = field(default_factory=list)
     """(reason, the line)"""
 
+    buffered: int = 0
+    """Bytes of the tables held."""
+
     def add(self, kind: str, table: pa.Table) -> None:
         if table.num_rows:
             self.tables.setdefault(kind, []).append(table)
+            self.buffered += table.nbytes
 
-    def count(self) -> None:
-        """Fill :attr:`tally` from the tables."""
-        for kind, tables in self.tables.items():
-            grouped = (
-                pa.concat_tables(tables)
-                .group_by("peer")
-                .aggregate([("ts", "count"), ("ts", "min"), ("ts", "max")])
+    def drain(self) -> dict[str, pa.Table]:
+        """The tables held, one per type; they are counted into :attr:`tally` and let go."""
+        drained = {kind: pa.concat_tables(tables) for kind, tables in self.tables.items()}
+        for kind, table in drained.items():
+            grouped = table.group_by("peer").aggregate(
+                [("ts", "count"), ("ts", "min"), ("ts", "max")]
             )
             for peer, n, t0, t1 in zip(
                 grouped["peer"].to_pylist(),
@@ -351,7 +362,13 @@ class PieceResult:
                 grouped["ts_max"].to_pylist(),
                 strict=True,
             ):
-                self.tally[(kind, peer)] = [n, t0, t1]
+                seen = self.tally.setdefault((kind, peer), [0, t0, t1])
+                seen[0] += n
+                seen[1] = min(seen[1], t0)
+                seen[2] = max(seen[2], t1)
+        self.tables = {}
+        self.buffered = 0
+        return drained
 
     def bad(self, reason: str, line: str) -> None:
         self.malformed[reason] = self.malformed.get(reason, 0) + 1
@@ -428,13 +445,27 @@ def _slow(data: bytes, result: PieceResult) -> None:
         result.add(kind, pa.Table.from_pylist(rows, schema=schema))
 
 
-def read_piece(piece: Piece, chunk_bytes: int = CHUNK_BYTES) -> PieceResult:
-    """Every line of ``piece``, judged."""
+def read_piece(
+    piece: Piece,
+    chunk_bytes: int = CHUNK_BYTES,
+    flush: Callable[[dict[str, pa.Table]], None] | None = None,
+    flush_bytes: int = FLUSH_BYTES,
+) -> PieceResult:
+    """Every line of ``piece``, judged. With ``flush``, the valid records are handed to
+    it whenever ``flush_bytes`` of them are held, and at the end (memory stays bounded
+    whatever the piece's size: a gzip file is one piece); without, they stay in the
+    result's :attr:`~PieceResult.tables`, one table per type."""
     result = PieceResult()
     for data in _chunks(piece, chunk_bytes):
         if not _fast(data, result):
             _slow(data, result)
-    result.count()
+        if flush is not None and result.buffered >= flush_bytes:
+            flush(result.drain())
+    drained = result.drain()
+    if flush is not None:
+        flush(drained)
+    else:
+        result.tables = {kind: [table] for kind, table in drained.items()}
     return result
 
 
@@ -443,17 +474,26 @@ def write_piece(index: int, piece: Piece, parts: str) -> dict[str, Any]:
     under ``parts/<type>/``; return its tallies and malformed lines (the Spark task)."""
     import pyarrow.parquet as pq
 
+    writers: dict[str, pq.ParquetWriter] = {}
+
+    def write(tables: dict[str, pa.Table]) -> None:
+        for kind, table in tables.items():
+            if kind not in writers:
+                folder = Path(parts) / kind
+                folder.mkdir(parents=True, exist_ok=True)
+                writers[kind] = pq.ParquetWriter(
+                    folder / f"part-{index:06d}.parquet", table.schema, compression="none"
+                )
+            writers[kind].write_table(table)
+
     try:
-        result = read_piece(piece)
+        result = read_piece(piece, flush=write)
     except OSError as exc:
         # unreadable (permissions, removed since it was listed): the driver says which
         return {"path": piece.path, "error": f"{type(exc).__name__}: {exc}"}
-    for kind, tables in result.tables.items():
-        folder = Path(parts) / kind
-        folder.mkdir(parents=True, exist_ok=True)
-        pq.write_table(
-            pa.concat_tables(tables), folder / f"part-{index:06d}.parquet", compression="none"
-        )
+    finally:
+        for writer in writers.values():
+            writer.close()
     return {
         "path": piece.path,
         "tally": result.tally,

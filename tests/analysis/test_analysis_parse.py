@@ -155,3 +155,33 @@ def test_both_ways_of_judging_leave_unread_optional_fields_alone() -> None:
     # a required field that no table reads is still checked
     assert parse.judge_line(line.replace('"tau":1', '"tau":1.5'))[0] == "bad_fields"
     assert not parse._fast(line.replace('"tau":1', '"tau":1.5').encode() + b"\n", fast)
+
+
+def test_records_are_handed_on_as_they_pile_up_and_counted_once(tmp_path: Path) -> None:
+    path = _trace(tmp_path)
+    whole = parse.read_piece(parse.Piece(str(path), 0, -1), chunk_bytes=2000)
+    handed: list[dict[str, pa.Table]] = []
+    flushed = parse.read_piece(
+        parse.Piece(str(path), 0, -1), chunk_bytes=2000, flush=handed.append, flush_bytes=4000
+    )
+    assert len(handed) > 3
+    assert not flushed.tables
+    assert flushed.tally == whole.tally
+    merged = parse.PieceResult()
+    for tables in handed:
+        for kind, table in tables.items():
+            merged.add(kind, table)
+    assert _rows(merged) == _rows(whole)
+
+
+def test_a_task_writes_one_parquet_file_per_type(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    path = _trace(tmp_path / "traces")
+    done = parse.write_piece(3, parse.Piece(str(path), 0, -1), str(tmp_path / "parts"))
+    whole = _rows(parse.read_piece(parse.Piece(str(path), 0, -1)))
+    for kind, rows in whole.items():
+        table = pq.read_table(tmp_path / "parts" / kind / "part-000003.parquet")
+        assert table.to_pylist() == rows
+        assert sum(n for (k, _), (n, _, _) in done["tally"].items() if k == kind) == len(rows)
+    assert done["malformed"] == {}
