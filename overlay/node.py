@@ -339,6 +339,11 @@ class OverlayNode:
     def known_peers(self) -> list[Contact]:
         return sorted(self.contacts.values(), key=lambda c: c.node_id)
 
+    def recently_dead(self, within_s: float) -> list[Contact]:
+        """The peers declared dead in the last ``within_s`` seconds, the latest first."""
+        since = asyncio.get_running_loop().time() - within_s
+        return [c for c, at in reversed(self._graveyard.values()) if at >= since]
+
     # -- joining and upkeep ---------------------------------------------------------------
 
     async def ping(self, addr: Address) -> int | None:

@@ -403,7 +403,24 @@ class Site:
             s = self.try_cli(through, "status", app_id)
             return s if s and s["state"] in ("finished", "failed", "stopped") else None
 
-        return dict(poll(done, what=f"{app_id} to end", timeout=timeout))
+        try:
+            return dict(poll(done, what=f"{app_id} to end", timeout=timeout))
+        except EmulationError as exc:
+            msg = f"{exc}; what the peers logged of it:\n{self.logged(app_id)}"
+            raise EmulationError(msg) from exc
+
+    def logged(self, app_id: str, lines: int = 20) -> str:
+        """The last ``lines`` log lines of each peer that name ``app_id`` or a death, an
+        adoption or a partition: what a failed check is explained by."""
+        words = (app_id, "dead", "adopt", "rebind", "cut off", "not acting")
+        shown = []
+        for peer, cid in sorted(self.containers().items()):
+            if peer not in PEERS:
+                continue
+            out = sh(["docker", "logs", cid], check=False)
+            kept = [x for x in (out.stdout + out.stderr).splitlines() if any(w in x for w in words)]
+            shown += [f"  {peer}: {x}" for x in kept[-lines:]]
+        return "\n".join(shown) or "  (nothing)"
 
     def sink_records(self, status: dict[str, Any], sink: str, peer: str) -> list[dict[str, Any]]:
         path = status["peers"][peer]["sinks"][sink]["path"]

@@ -683,6 +683,11 @@ class Scheduler:
                 continue
             if rec.state not in LIVE_STATES or rec.scheduler_name != dead:
                 continue
+            if await self.still_scheduled(rec.scheduler, rec.app_id):
+                # declared dead by a peer that was cut off, or by one that lost it for a
+                # moment: adopting would give the app two schedulers
+                log.warning("not adopting app %s: %s still schedules it", rec.app_id, dead)
+                continue
             log.info("adopting app %s: its scheduler %s died", rec.app_id, dead)
             rec.scheduler, rec.scheduler_name = self.address(), self.name
             self.apps[rec.app_id] = rec
@@ -701,14 +706,39 @@ class Scheduler:
                 except AgiledartError as exc:
                     await self._fail(rec, f"recovery from the loss of {dead} failed: {exc}")
 
+    def schedules(self, app_id: str) -> bool:
+        """Whether this peer schedules ``app_id`` and it is live."""
+        rec = self.apps.get(app_id)
+        return rec is not None and rec.state in LIVE_STATES and rec.scheduler_name == self.name
+
+    async def still_scheduled(self, address: Address, app_id: str) -> bool:
+        """Whether the peer at ``address`` answers that it schedules ``app_id``: the
+        check before anybody takes an app over from a scheduler believed dead."""
+        if address == self.address():
+            return self.schedules(app_id)
+        try:
+            reply = await self.links.request(
+                address, "app_scheduled", {"app_id": app_id}, timeout=3.0
+            )
+        except OverlayError:
+            return False
+        return reply is True
+
     async def _rebind(self, rec: AppRecord) -> None:
-        """An adopted app whose instances all live: record the new scheduler and tell
-        every host to report here; its checkpoints resume from here."""
-        await self._save(rec)
+        """An adopted app whose instances all live: tell every host to report here,
+        and record the new scheduler; its checkpoints resume from here. When every
+        host that answers refuses (the old scheduler answers them that it still
+        schedules the app), the adoption is undone."""
         body = {"app_id": rec.app_id, "scheduler": list(self.address())}
-        await asyncio.gather(
+        replies = await asyncio.gather(
             *(self._quiet(_addr(rec, p), "app_rebind", body) for p in sorted(rec.addresses))
         )
+        if False in replies and True not in replies:
+            log.warning("app %s: its hosts still follow their scheduler; not adopted", rec.app_id)
+            self.apps.pop(rec.app_id, None)
+            self._sinks_done.pop(rec.app_id, None)
+            return
+        await self._save(rec)
         spec = self._spec_of(rec)
         if _checkpointing(spec) is not None and rec.app_id not in self._cp_loops:
             self._cp_loops[rec.app_id] = asyncio.ensure_future(self._checkpoint_loop(rec.app_id))

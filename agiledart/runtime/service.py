@@ -7,7 +7,9 @@ peer's frame server:
 * checkpoint fragments it holds for others: ``frag_put|frag_get|frag_drop|frag_held``;
 * peer-facing requests: ``kv_put|kv_add|kv_get`` (records store), ``join`` (route a
   JOIN for the scheduler), ``deploy``, ``start``, ``undeploy``, ``app_stats``,
-  ``app_sink_done``, ``app_failed``, ``app_rebind`` (an adopted app's new scheduler);
+  ``app_sink_done``, ``app_failed``, ``app_rebind`` (an adopted app's new scheduler,
+  refused while the app's scheduler answers that it still schedules it),
+  ``app_scheduled`` (whether this peer schedules an app);
 * data streams: ``data`` and ``wm`` in, ``credit`` back (on the outgoing links, or,
   for data relayed over an emulated network, on a connection of its own);
 * with a link model (``--links``): ``relay`` in, ``relay_ack`` back
@@ -142,6 +144,7 @@ class AppRuntime:
             "undeploy": self._undeploy,
             "app_stats": self._app_stats,
             "app_sink_done": self._app_sink_done,
+            "app_scheduled": self._app_scheduled,
             "app_failed": self._app_failed,
             "app_barrier": self._app_barrier,
             "app_peer_dead": self._app_peer_dead,
@@ -440,10 +443,21 @@ class AppRuntime:
         if not (isinstance(to, list) and len(to) == 2 and isinstance(to[0], str)):
             msg = "app_rebind needs 'scheduler': [host, port]"
             raise MalformedError(msg)
-        if type(to[1]) is not int or app_id not in self.instances:
+        inst = self.instances.get(app_id)
+        if type(to[1]) is not int or inst is None:
             return False
-        self.rebound[app_id] = (to[0], to[1])
+        new, current = (to[0], to[1]), self._scheduler_of(inst.deployment)
+        if new != current and await self.scheduler.still_scheduled(current, app_id):
+            # a peer that only believes the scheduler dead (it was cut off, or the
+            # scheduler was slow) must not take the app over: two schedulers would
+            # follow it, and the one the CLI asks would never hear that it ended
+            log.warning("app %s: not rebinding to %s, %s still schedules it", app_id, new, current)
+            return False
+        self.rebound[app_id] = new
         return True
+
+    async def _app_scheduled(self, req: dict[str, Any], conn: ConnectionInfo) -> bool:
+        return self.scheduler.schedules(_app_id(req))
 
     async def _tell(self, address: Address, type: str, body: dict[str, Any]) -> None:
         for attempt in range(3):
@@ -487,10 +501,17 @@ class AppRuntime:
     async def _unless_cut_off(
         self, others: list[Any], dead: str, job: Coroutine[Any, Any, None]
     ) -> None:
-        """Act on a death only while another leaf-set peer still answers: a peer cut
-        off from the network (``docker network disconnect``, a dead uplink) sees every
-        other one die, one after the other, and must not recover, adopt or fail their
-        apps; the others, which see only it gone, do what is needed."""
+        """Act on a death only while another peer still answers: a peer cut off from
+        the network (``docker network disconnect``, a dead uplink) sees every other one
+        die, one after the other, and must not recover, adopt or fail their apps; the
+        others, which see only it gone, do what is needed. The witnesses are the other
+        leaf-set peers or, once the last of them is gone too, the rest of the routing
+        table, or else the peers that died in the last minute (only a peer that knew
+        nobody else acts unchecked)."""
+        if not others:
+            others = [c for c in self.overlay.known_peers() if c.name != dead]
+        if not others:
+            others = [c for c in self.overlay.recently_dead(60.0) if c.name != dead]
         if others:
             pings = await asyncio.gather(*(self.overlay.ping((c.host, c.port)) for c in others[:4]))
             if all(answer is None for answer in pings):

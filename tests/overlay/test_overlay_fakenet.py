@@ -113,6 +113,28 @@ def test_a_partition_heals() -> None:
     run_virtual(main())
 
 
+def test_a_peer_cut_off_alone_remembers_who_it_saw_die() -> None:
+    """The witnesses a runtime asks before acting on a death (is it me who is cut
+    off?): once a lone peer has lost its whole leaf set and routing table, the peers
+    it declared dead in the last minute are still known."""
+    config = OverlayConfig(heartbeat_interval_s=1.0, graveyard_probe_interval_s=60.0)
+
+    async def main() -> None:
+        async with SimulatedRing(n=8, seed=17, config=config) as ring:
+            await ring.stabilize()
+            alone, rest = ring.nodes[0], ring.nodes[1:]
+            ring.net.partition([[alone.address], [n.address for n in rest]])
+            await ring.settle(8)
+            assert alone.leaf_set.members() == []
+            assert alone.known_peers() == []
+            dead = {c.node_id for c in alone.recently_dead(60.0)}
+            assert dead == {n.node_id for n in rest}
+            await ring.settle(10)
+            assert alone.recently_dead(5.0) == []
+
+    run_virtual(main())
+
+
 def test_routes_survive_a_lossy_duplicating_network() -> None:
     async def main() -> None:
         async with SimulatedRing(n=200, seed=15, loss=0.02, duplicate=0.02) as ring:

@@ -153,3 +153,33 @@ def test_a_killed_scheduler_s_apps_keep_producing_and_are_adopted_in_its_zone(
 
 
 NORTH_INDEX = {"sensor-1": 0, "gateway-1": 2, "edge-1": 4, "edge-2": 5}
+
+
+def test_a_live_scheduler_s_app_is_not_taken_over_by_a_peer_that_believes_it_dead(
+    site: ZonedCluster,
+) -> None:
+    """What a peer cut off from the network asks when it comes back (the docker site's
+    partition): its zone adopts the scheduler it saw die, and instances are told to
+    report elsewhere. The scheduler still answers, so nothing moves, and the app's end
+    still reaches it."""
+    spec = endless("kept")
+    spec["sources"][0]["params"]["count"] = 4_000  # 10 s at 400/s
+    app_id = submit(site, spec, through=EDGE_1)
+    assert status(site, app_id, SENSOR_2)["scheduler"] == "edge-1"
+
+    assert request(site, EDGE_2, "zone_adopt", {"dead": "edge-1"}) is True
+    elsewhere = list(site.address(EDGE_2))
+    body = {"app_id": app_id, "scheduler": elsewhere}
+    assert request(site, 0, "app_rebind", body) is False  # sensor-1 hosts the source
+
+    s = status(site, app_id, SENSOR_2)
+    assert (s["scheduler"], s["state"], s["generation"]) == ("edge-1", "running", 0)
+    assert scheduling(site, EDGE_2)["apps"] == 0
+
+    def ended() -> dict[str, Any] | None:
+        s = status(site, app_id, EDGE_1)
+        return s if s["state"] != "running" else None
+
+    s = poll(ended, what="the app to end", timeout=60)
+    assert (s["state"], s["scheduler"]) == ("finished", "edge-1")
+    assert s["totals"]["sink_records"] == 4_000
