@@ -1,10 +1,10 @@
 """Latency per app (``tuple`` records) and throughput per operator (``opstats``).
 
 Time is cut into windows of ``window_ms`` from the trace's first record
-(:attr:`Traces.t0_ms`): window ``w`` holds the records with
+(:attr:`Source.t0_ms`): window ``w`` holds the records with
 ``w = floor((ts - t0) / window_ms)`` and starts ``w * window_ms / 1000`` seconds into
 the trace. Percentiles are exact (linear interpolation between the closest ranks,
-numpy's default ``method="linear"``; :mod:`~agiledart.analysis.stats`).
+numpy's default ``method="linear"``; :func:`~agiledart.analysis.columns.percentile`).
 
 ``opstats`` counters are cumulative per operator instance (``app``, ``operator``,
 ``peer``); an operator's throughput in a window is the sum over its instances of the
@@ -15,160 +15,199 @@ down (the instance restarted) adds its new value.
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, Window
-from pyspark.sql import functions as F
+from typing import Any
 
-from agiledart.analysis import plots
-from agiledart.analysis.model import Section, collect
-from agiledart.analysis.reader import Traces
-from agiledart.analysis.stats import percentile_of, sorted_values
+import numpy as np
+import pyarrow as pa
 
-__all__ = ["PERCENTILES", "latency_section", "throughput_section", "window_of"]
+from agiledart.analysis.columns import (
+    Groups,
+    Source,
+    floats,
+    groups,
+    ordered,
+    partition,
+    percentile,
+)
+from agiledart.analysis.model import Section, Table
+from agiledart.analysis.parse import kind_schema
+
+__all__ = ["PERCENTILES", "latency_section", "throughput_section"]
 
 PERCENTILES = (0.5, 0.95, 0.99)
+_LATENCY = ["count", *(f"p{round(q * 100)}_ms" for q in PERCENTILES), "mean_ms", "max_ms"]
 
 
-def window_of(traces: Traces, window_ms: float) -> Column:
-    """The window index of a record (its ``ts``), counted from the trace's start."""
-    t0 = traces.t0_ms or 0.0
-    return F.floor((F.col("ts") - F.lit(t0)) / F.lit(window_ms))
+def _latency(by: Groups, values: np.ndarray) -> list[tuple[Any, ...]]:
+    """Per group: rows, the percentiles, mean and largest of the non-null values."""
+    counts = by.count().tolist()
+    means = by.mean(values)
+    kept, offsets = by.sorted_values(values)
+    out = []
+    for i in range(by.n):
+        start, end = int(offsets[i]), int(offsets[i + 1])
+        spread = [percentile(kept, start, end, q) for q in PERCENTILES]
+        largest = float(kept[end - 1]) if end > start else None
+        out.append((counts[i], *spread, means[i], largest))
+    return out
 
 
-def _latency_stats() -> list[Column]:
-    return [
-        F.count(F.lit(1)).alias("count"),
-        sorted_values("latency_ms").alias("values"),
-        F.mean("latency_ms").alias("mean_ms"),
-        F.max("latency_ms").alias("max_ms"),
-    ]
-
-
-def _spread(frame: DataFrame, *keys: str) -> DataFrame:
-    return frame.select(
-        *keys,
-        "count",
-        *(percentile_of(F.col("values"), q).alias(f"p{round(q * 100)}_ms") for q in PERCENTILES),
-        "mean_ms",
-        "max_ms",
-    )
-
-
-def latency_section(traces: Traces, window_ms: float) -> Section:
+def latency_section(source: Source) -> Section:
     section = Section("latency", "End-to-end latency", ("tuple",))
-    if not traces.has("tuple"):
+    if not source.has("tuple"):
         return section
-    tuples = traces.records("tuple")
-    windows = (
-        tuples.groupBy("app", window_of(traces, window_ms).alias("window"))
-        .agg(*_latency_stats())
-        .withColumn("t_s", F.col("window") * F.lit(window_ms / 1000.0))
-    )
-    windows = _spread(windows, "app", "window", "t_s").orderBy("app", "window")
-    summary = _spread(tuples.groupBy("app", "sink").agg(*_latency_stats()), "app", "sink")
-    by_window = collect(windows, "latency_windows", f"Latency per app per {window_ms:g} ms window")
+    tuples = source.table("tuple", kind_schema("tuple"))
+    latency = floats(tuples["latency_ms"])
+    seconds = source.window_ms / 1000.0
+    by_window = groups(tuples["app"], source.windows(tuples["ts"]))
+    windows = [
+        (app, window, window * seconds, *stats)
+        for (app, window), stats in zip(by_window.keys, _latency(by_window, latency), strict=True)
+    ]
+    by_sink = groups(tuples["app"], tuples["sink"])
+    summary = [
+        (*key, *stats) for key, stats in zip(by_sink.keys, _latency(by_sink, latency), strict=True)
+    ]
     section.tables += [
-        collect(summary.orderBy("app", "sink"), "latency_summary", "Latency per app and sink"),
-        by_window,
+        Table(
+            "latency_summary",
+            "Latency per app and sink",
+            ["app", "sink", *_LATENCY],
+            ordered(summary, 0, 1),
+        ),
+        Table(
+            "latency_windows",
+            f"Latency per app per {source.window_ms:g} ms window",
+            ["app", "window", "t_s", *_LATENCY],
+            ordered(windows, 0, 1),
+        ),
     ]
     section.notes.append(
-        f"Sampled tuples at their sinks; windows of {window_ms:g} ms from the trace's "
+        f"Sampled tuples at their sinks; windows of {source.window_ms:g} ms from the trace's "
         "start; exact percentiles (linear interpolation)."
     )
-    section.plots.append(plots.latency(by_window))
     return section
 
 
-def _increases(traces: Traces, window_ms: float) -> DataFrame:
-    """``opstats`` samples with their window and counter increases (``d_in``, ``d_out``)."""
-    instance = Window.partitionBy("app", "operator", "peer").orderBy("ts")
-
-    def increase(counter: str) -> Column:
-        before = F.lag(counter).over(instance)
-        return F.when(F.col(counter) >= before, F.col(counter) - before).when(
-            before.isNotNull(), F.col(counter)
-        )
-
-    return traces.records("opstats").select(
-        "app",
-        "operator",
-        "peer",
-        "queue",
-        "utilization",
-        window_of(traces, window_ms).alias("window"),
-        increase("records_in").alias("d_in"),
-        increase("records_out").alias("d_out"),
-    )
+def _increase(counter: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Each sample's counter increase since its instance's previous one (the rows are
+    grouped by instance in time order; ``first`` marks each instance's first sample)."""
+    before = np.r_[np.nan, counter[:-1]]
+    before[first] = np.nan
+    with np.errstate(invalid="ignore"):
+        grown = counter >= before
+    return np.where(grown, counter - before, np.where(np.isnan(before), np.nan, counter))
 
 
-def _per_window(samples: DataFrame, seconds: float) -> DataFrame:
-    return (
-        samples.groupBy("app", "operator", "window")
-        .agg(
-            (F.coalesce(F.sum("d_in"), F.lit(0)) / seconds).alias("in_per_s"),
-            (F.coalesce(F.sum("d_out"), F.lit(0)) / seconds).alias("out_per_s"),
-            # the distinct peers of a few samples: a set per group, one aggregation
-            # (countDistinct would add a second one and an expansion of every row)
-            F.size(F.collect_set("peer")).alias("instances"),
-            F.mean("queue").alias("queue_mean"),
-            F.mean("utilization").alias("utilization_mean"),
-        )
-        .select(
-            "app",
-            "operator",
-            "window",
-            (F.col("window") * F.lit(seconds)).alias("t_s"),
-            "in_per_s",
-            "out_per_s",
-            "instances",
-            "queue_mean",
-            "utilization_mean",
-        )
-    )
+def _distinct(by: Groups, values: pa.ChunkedArray) -> list[int]:
+    """Per group, how many distinct non-null values."""
+    valid = np.asarray(values.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    pairs = groups(by.ids[valid], values.filter(pa.array(valid)))
+    counts: list[int] = np.bincount(
+        np.array([k[0] for k in pairs.keys], dtype=np.int64), minlength=by.n
+    ).tolist()
+    return counts
 
 
-def _per_operator(traces: Traces, windows: DataFrame) -> DataFrame:
-    """Counter totals (each instance's largest value, summed) and the window rates."""
-    last = (
-        traces.records("opstats")
-        .groupBy("app", "operator", "peer")
-        .agg(F.max("records_in").alias("records_in"), F.max("records_out").alias("records_out"))
-    )
-    totals = last.groupBy("app", "operator").agg(
-        F.count(F.lit(1)).alias("instances"),
-        F.sum("records_in").alias("records_in"),
-        F.sum("records_out").alias("records_out"),
-    )
-    rates = windows.groupBy("app", "operator").agg(
-        F.mean("out_per_s").alias("out_per_s_mean"),
-        F.max("out_per_s").alias("out_per_s_max"),
-        F.max("queue_mean").alias("queue_max"),
-        F.mean("utilization_mean").alias("utilization_mean"),
-    )
-    return totals.join(rates, ["app", "operator"]).orderBy("app", "operator")
-
-
-def throughput_section(traces: Traces, window_ms: float) -> Section:
+def throughput_section(source: Source) -> Section:
     section = Section("throughput", "Operator throughput", ("opstats",))
-    if not traces.has("opstats"):
+    if not source.has("opstats"):
         return section
-    # a few rows per operator and window: kept, so the summary does not sort the
-    # samples of every instance a second time
-    windows = _per_window(_increases(traces, window_ms), window_ms / 1000.0).persist()
-    try:
-        by_window = collect(
-            windows.orderBy("app", "operator", "window"),
+    samples = source.table("opstats", kind_schema("opstats"))
+    instance = groups(samples["app"], samples["operator"], samples["peer"])
+    order = partition(instance.ids, np.argsort(floats(samples["ts"]), kind="stable"))
+    samples = samples.take(pa.array(order))
+    ids = instance.ids[order]
+    first = np.r_[True, ids[1:] != ids[:-1]]
+    d_in = _increase(floats(samples["records_in"]), first)
+    d_out = _increase(floats(samples["records_out"]), first)
+
+    seconds = source.window_ms / 1000.0
+    per_window = groups(samples["app"], samples["operator"], source.windows(samples["ts"]))
+    ins, _ = per_window.sum(d_in)
+    outs, _ = per_window.sum(d_out)
+    peers = _distinct(per_window, samples["peer"])
+    queue = per_window.mean(floats(samples["queue"]))
+    utilization = per_window.mean(floats(samples["utilization"]))
+    windows = [
+        (app, op, w, w * seconds, float(i / seconds), float(o / seconds), n, q, u)
+        for (app, op, w), i, o, n, q, u in zip(
+            per_window.keys, ins.tolist(), outs.tolist(), peers, queue, utilization, strict=True
+        )
+    ]
+    section.tables += [
+        Table(
+            "throughput_summary",
+            "Throughput per operator",
+            [
+                "app",
+                "operator",
+                "instances",
+                "records_in",
+                "records_out",
+                "out_per_s_mean",
+                "out_per_s_max",
+                "queue_max",
+                "utilization_mean",
+            ],
+            _per_operator(samples, windows),
+        ),
+        Table(
             "throughput_windows",
-            f"Throughput per {window_ms:g} ms window",
-        )
-        summary = collect(
-            _per_operator(traces, windows), "throughput_summary", "Throughput per operator"
-        )
-    finally:
-        windows.unpersist()
-    section.tables += [summary, by_window]
+            f"Throughput per {source.window_ms:g} ms window",
+            [
+                "app",
+                "operator",
+                "window",
+                "t_s",
+                "in_per_s",
+                "out_per_s",
+                "instances",
+                "queue_mean",
+                "utilization_mean",
+            ],
+            ordered(windows, 0, 1, 2),
+        ),
+    ]
     section.notes.append(
         "Records out per second per operator, summed over its instances (counter "
         "increases between an instance's samples)."
     )
-    section.plots.append(plots.throughput(by_window))
     return section
+
+
+def _per_operator(samples: pa.Table, windows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Counter totals (each instance's largest value, summed) and the window rates."""
+    instance = groups(samples["app"], samples["operator"], samples["peer"])
+    last_in = instance.extreme(floats(samples["records_in"]), np.maximum)
+    last_out = instance.extreme(floats(samples["records_out"]), np.maximum)
+    totals: dict[tuple[Any, Any], list[int]] = {}
+    for (app, op, _), i, o in zip(instance.keys, last_in, last_out, strict=True):
+        total = totals.setdefault((app, op), [0, 0, 0])
+        total[0] += 1
+        total[1] += int(i)
+        total[2] += int(o)
+    rates: dict[tuple[Any, Any], list[list[float]]] = {}
+    for app, op, _, _, _, out, _, queue, utilization in windows:
+        rate = rates.setdefault((app, op), [[], [], []])
+        rate[0].append(out)
+        if queue is not None:
+            rate[1].append(queue)
+        if utilization is not None:
+            rate[2].append(utilization)
+    rows = []
+    for key, (n, records_in, records_out) in totals.items():
+        out, queue, utilization = rates[key]
+        rows.append(
+            (
+                *key,
+                n,
+                records_in,
+                records_out,
+                sum(out) / len(out),
+                max(out),
+                max(queue) if queue else None,
+                sum(utilization) / len(utilization) if utilization else None,
+            )
+        )
+    return ordered(rows, 0, 1)

@@ -6,29 +6,33 @@ Spark's DataFrames, and can be tested without a Spark session. A trace file is c
 into *pieces* (:func:`pieces`): byte ranges of about :data:`PIECE_BYTES` of a plain
 file, the whole of a gzip file. A piece holds the lines that *start* in its range (as
 Hadoop's line reader splits files), so every line is read exactly once whatever the cut.
-:func:`read_piece` parses it a *chunk* (:data:`CHUNK_BYTES`) at a time with Arrow's
-JSON reader against the explicit schema (:func:`arrow_schema`: the :data:`CHECKED`
-fields), which parses about as fast as Spark's own JSON source, and gives each line
-one verdict with a few vectorised comparisons over the chunk, the same verdict as the
-record-by-record rules of :func:`judge_line`:
+:func:`read_piece` reads it a *chunk* (:data:`CHUNK_BYTES`) at a time and sorts the
+chunk's lines by record type on the way the trace writer starts every line,
+``{"v":1,"type":"<type>",``. Arrow's JSON reader then parses the lines of each type
+against that type's own schema (:func:`kind_schema`: its :data:`CHECKED` fields),
+which costs a third of parsing every line against the union of all types' fields (most
+of them null in any one line), and a few vectorised comparisons give each line one
+verdict, the same verdict as the record-by-record rules of :func:`judge_line`:
 
 * ``not_json``: not a JSON object (a truncated line, garbage, an array);
 * ``unknown_type``: a JSON object whose ``type`` is missing or not a record type;
 * ``unsupported_version``: ``v`` is not ``SCHEMA_VERSION``;
-* ``bad_fields``: a field of the wrong type, or a field that may not be null missing;
+* ``bad_fields``: a field of the record's type of the wrong type, or a field that may
+  not be null missing (a field that is not one of its type's is ignored, as
+  :func:`agiledart.traces.check` does);
 * else a valid record of its type.
 
-Arrow refuses a whole chunk over one line that does not fit the schema, and does not
-keep the lines' text; so a chunk that it refuses, or in which it finds any malformed
-line, is judged again line by line with :func:`judge_line` (a killed peer's last line
-costs one chunk's worth of slow parsing, not a file's). The rules are Spark's JSON
-reader's, which the analysis used before: a number or a boolean where a string
-belongs is read as its text; an integer where a float belongs is a float, but not the
-other way round.
+Arrow refuses a whole block over one line that does not fit the schema, and does not
+keep the lines' text; so the lines of a type that Arrow refuses, or among which it finds
+a malformed one, are judged again line by line with :func:`judge_line`, as are lines
+that do not start the writer's way (a killed peer's last line costs the slow judging of
+its type's lines in one chunk, not of a file). The rules are Spark's JSON reader's,
+which the analysis used before: a number or a boolean where a string belongs is read as
+its text; an integer where a float belongs is a float, but not the other way round.
 
 The valid records of each type come out as one Arrow table per type with ``ts``,
 ``peer`` and the fields the analysis reads (:data:`~agiledart.analysis.schemas.ANALYZED`),
-which the reader writes as Parquet for the Spark jobs.
+which the reader writes out for the analysis's jobs.
 """
 
 from __future__ import annotations
@@ -42,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from agiledart.analysis.schemas import ANALYZED, required_fields
@@ -74,7 +77,6 @@ FLUSH_BYTES = 128 << 20
 #: malformed lines kept as examples, per piece
 EXAMPLES = 10
 RECORD_TYPES: tuple[str, ...] = tuple(FIELDS)
-_KINDS = pa.array(RECORD_TYPES)
 
 
 def _arrow_type(kind: str) -> pa.DataType:
@@ -123,15 +125,20 @@ def _checked() -> frozenset[str]:
 CHECKED: frozenset[str] = _checked()
 
 
-def arrow_schema() -> pa.Schema:
-    """The schema Arrow's JSON reader parses every line with: the :data:`CHECKED`
-    fields but the maps, which it cannot read as maps (their lines are judged one by
-    one, :func:`judge_line`)."""
+#: the fields of each record type's own (the common ones and its type's)
+_OWN: dict[str, frozenset[str]] = {kind: frozenset({*COMMON, *FIELDS[kind]}) for kind in FIELDS}
+
+
+def arrow_schema(kind: str) -> pa.Schema:
+    """The schema Arrow's JSON reader parses the ``kind`` lines with (those that start
+    the writer's way, whose ``v`` and ``type`` are known): the :data:`CHECKED` fields of
+    the type's own but the maps, which it cannot read as maps (their lines are judged one
+    by one, :func:`judge_line`)."""
     return pa.schema(
         [
-            (name, _arrow_type(kind))
-            for name, kind in FIELD_TYPES.items()
-            if name in CHECKED and name not in _MAPS
+            (name, _arrow_type(FIELD_TYPES[name]))
+            for name in {**COMMON, **FIELDS[kind]}
+            if name in CHECKED and name not in _MAPS and name not in ("v", "type")
         ]
     )
 
@@ -143,8 +150,13 @@ def kind_schema(kind: str) -> pa.Schema:
 
 
 _REQUIRED = {kind: required_fields(kind) for kind in RECORD_TYPES}
-_SCHEMA = arrow_schema()
-_PARSE = pj.ParseOptions(explicit_schema=_SCHEMA, unexpected_field_behavior="ignore")
+_PARSE = {
+    kind: pj.ParseOptions(explicit_schema=arrow_schema(kind), unexpected_field_behavior="ignore")
+    for kind in RECORD_TYPES
+}
+#: how the trace writer starts every line, the type's name next
+_PREFIX = b'{"v":%d,"type":"' % SCHEMA_VERSION
+_KIND_NAMES = {kind.encode(): kind for kind in RECORD_TYPES}
 
 
 # -- one line at a time: the rules ---------------------------------------------------
@@ -204,8 +216,9 @@ def judge_line(line: str) -> tuple[str, dict[str, Any]]:
     version = record.get("v")
     if isinstance(version, int) and not isinstance(version, bool) and version != SCHEMA_VERSION:
         return "unsupported_version", {}
+    own = _OWN[kind]
     for name, value in record.items():
-        if value is None or name not in CHECKED or (name in _MAPS and name not in FIELDS[kind]):
+        if value is None or name not in CHECKED or name not in own:
             continue
         if not _fits(FIELD_TYPES[name], value):
             return "bad_fields", {}
@@ -376,54 +389,62 @@ class PieceResult:
             self.examples.append((reason, line))
 
 
-def _lines_of(data: bytes, rows: list[int]) -> list[str] | None:
-    """The text of the ``rows``-th non-blank lines of ``data`` (Arrow's row numbers), or
-    None if the count of non-blank lines is not what Arrow read."""
-    lines = [line for line in data.split(b"\n") if line.strip()]
-    try:
-        return [lines[i].decode("utf-8", errors="replace") for i in rows]
-    except IndexError:
-        return None
+def _by_kind(data: bytes) -> tuple[dict[str, list[bytes]], list[bytes]]:
+    """The non-blank lines of ``data``: those that start the writer's way, by record
+    type, and the others."""
+    kinds: dict[bytes, list[bytes]] = {}
+    others: list[bytes] = []
+    n = len(_PREFIX)
+    for line in data.split(b"\n"):
+        if line.startswith(_PREFIX):
+            kinds.setdefault(line[n : line.find(b'"', n)], []).append(line)
+        elif line.strip():
+            others.append(line)
+    found: dict[str, list[bytes]] = {}
+    for name, lines in kinds.items():
+        kind = _KIND_NAMES.get(name)
+        if kind is None:
+            others += lines  # an unknown type, or a name spelt with escapes
+        else:
+            found[kind] = lines
+    return found, others
 
 
-def _fast(data: bytes, result: PieceResult) -> bool:
-    """Judge ``data`` with Arrow; False (and nothing added) if it cannot be done so."""
+def _judge(data: bytes, result: PieceResult) -> None:
+    """Judge the lines of ``data``: each type's with Arrow where it can, the rest line
+    by line."""
+    kinds, others = _by_kind(data)
+    for kind, lines in kinds.items():
+        block = b"\n".join(lines)
+        if not _fast(kind, block, result):
+            others.append(block)
+    if others:
+        _slow(b"\n".join(others), result)
+
+
+def _fast(kind: str, data: bytes, result: PieceResult) -> bool:
+    """Judge ``data``, lines of record type ``kind`` that start the writer's way, with
+    Arrow; False (and nothing added) if it cannot be done so."""
+    schema = kind_schema(kind)
+    if any(name in _MAPS for name in schema.names):
+        # Arrow reads an object as a struct: these few lines are judged one by one
+        judged = [judge_line(line.decode("utf-8", errors="replace")) for line in data.split(b"\n")]
+        if any(verdict != kind for verdict, _ in judged):
+            return False
+        rows = [_row(kind, record, schema) for _, record in judged]
+        result.add(kind, pa.Table.from_pylist(rows, schema=schema))
+        return True
     try:
         table = pj.read_json(
             io.BytesIO(data),
             read_options=pj.ReadOptions(use_threads=False, block_size=len(data) + 1),
-            parse_options=_PARSE,
+            parse_options=_PARSE[kind],
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return False
-    code = pc.index_in(table["type"], value_set=_KINDS)
-    version = table["v"]
-    if code.null_count or pc.any(pc.not_equal(version, SCHEMA_VERSION)).as_py():
+    if any(table[name].null_count for name in _REQUIRED[kind] if name not in ("v", "type")):
         return False
-    present = pc.value_counts(code)
-    wanted: dict[str, pa.Table] = {}
-    for i in sorted(present.field(0).to_pylist()):
-        kind = RECORD_TYPES[i]
-        schema = kind_schema(kind)
-        mine = pc.equal(code, i)
-        maps = [name for name in schema.names if name in _MAPS]
-        if maps:
-            # Arrow reads an object as a struct: these few lines are judged one by one
-            found = _lines_of(data, pc.indices_nonzero(mine).to_pylist())
-            if found is None:
-                return False
-            judged = [judge_line(line) for line in found]
-            if any(verdict != kind for verdict, _ in judged):
-                return False
-            rows = [_row(kind, record, schema) for _, record in judged]
-            wanted[kind] = pa.Table.from_pylist(rows, schema=schema)
-            continue
-        own = table.select(list(dict.fromkeys([*schema.names, *_REQUIRED[kind]]))).filter(mine)
-        if any(own[name].null_count for name in _REQUIRED[kind]):
-            return False
-        wanted[kind] = own.select(schema.names)
-    for kind, rows in wanted.items():
-        result.add(kind, rows)
+    result.add(kind, table.select(schema.names))
     return True
 
 
@@ -457,8 +478,7 @@ def read_piece(
     result's :attr:`~PieceResult.tables`, one table per type."""
     result = PieceResult()
     for data in _chunks(piece, chunk_bytes):
-        if not _fast(data, result):
-            _slow(data, result)
+        _judge(data, result)
         if flush is not None and result.buffered >= flush_bytes:
             flush(result.drain())
     drained = result.drain()
@@ -470,20 +490,18 @@ def read_piece(
 
 
 def write_piece(index: int, piece: Piece, parts: str) -> dict[str, Any]:
-    """Judge ``piece`` and write its valid records as Parquet, one file per record type
-    under ``parts/<type>/``; return its tallies and malformed lines (the Spark task)."""
-    import pyarrow.parquet as pq
+    """Judge ``piece`` and write its valid records as Arrow IPC files, one per record
+    type under ``parts/<type>/``; return its tallies and malformed lines (the Spark task)."""
+    import pyarrow.ipc as ipc
 
-    writers: dict[str, pq.ParquetWriter] = {}
+    writers: dict[str, ipc.RecordBatchFileWriter] = {}
 
     def write(tables: dict[str, pa.Table]) -> None:
         for kind, table in tables.items():
             if kind not in writers:
                 folder = Path(parts) / kind
                 folder.mkdir(parents=True, exist_ok=True)
-                writers[kind] = pq.ParquetWriter(
-                    folder / f"part-{index:06d}.parquet", table.schema, compression="none"
-                )
+                writers[kind] = ipc.new_file(folder / f"part-{index:06d}.arrow", table.schema)
             writers[kind].write_table(table)
 
     try:

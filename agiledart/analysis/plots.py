@@ -18,7 +18,7 @@ from typing import Any
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from agiledart.analysis.model import Plot, Table
+from agiledart.analysis.model import Plot, Section, Table
 
 __all__ = [
     "MAX_POINTS",
@@ -27,6 +27,7 @@ __all__ = [
     "delay_cdf",
     "latency",
     "normal_probability",
+    "of_section",
     "operators_per_peer",
     "outcomes",
     "path_shares",
@@ -273,3 +274,35 @@ def peer_events(log: Table) -> Plot:
 
 def _floats(values: Iterable[Any]) -> list[float]:
     return [float(v) for v in values]
+
+
+def of_section(section: Section) -> list[Plot]:
+    """The figures of a section, drawn from its tables."""
+    table = {t.name: t for t in section.tables}
+    if section.empty:
+        return []
+    if section.key == "latency":
+        return [latency(table["latency_windows"])]
+    if section.key == "throughput":
+        return [throughput(table["throughput_windows"])]
+    if section.key == "routing":
+        curve = [regret(table["regret"])] if table["regret"].rows else []
+        return [*curve, path_shares(table["paths"]), delay_cdf(table["delay_cdf"])]
+    if section.key == "shuffle":
+        return [outcomes(table["shuffle_outcomes"])]
+    if section.key == "placement":
+        return [
+            operators_per_peer(table["operators_per_peer_hist"]),
+            normal_probability(table["operators_per_peer"]),
+        ]
+    if section.key == "schedulers":
+        return [schedulers(table["schedulers"])]
+    if section.key == "scaling":
+        return [scaling(table["scaling"])]
+    if section.key == "recovery":
+        return [recovery(table["recovery_incidents"])]
+    if section.key == "checkpoints":
+        return [checkpoints(table["checkpoints"])]
+    if section.key == "peers":
+        return [peer_events(table["peer_events"])]
+    return []

@@ -1,22 +1,19 @@
-"""Reading a trace directory into Spark, counting the lines that do not fit the schema.
+"""Reading a trace directory in Spark, counting the lines that do not fit the schema.
 
 Theory of operation: one Spark job reads every trace file once. Its tasks are the
 *pieces* of the files (byte ranges of about 64 MB of a plain ``.ndjson`` file, a whole
 ``.ndjson.gz``; a gzip file cut short, as a killed peer leaves it, is read up to the
 cut), and each task, in Spark's Python worker, parses its lines with Arrow's JSON reader
-against the explicit schema of every record type (:mod:`~agiledart.analysis.parse`,
+against the explicit schema of each record type (:mod:`~agiledart.analysis.parse`,
 where the rules are), gives each line one verdict, and writes the valid records of each
-type as Parquet: ``ts``, ``peer`` and the fields the analysis reads
-(:data:`~agiledart.analysis.schemas.ANALYZED`), under ``<parts>/<type>/``. Spark's
-own JSON source parses a line about as fast, but judging each line and caching it in
-Spark's columnar cache cost as much again; Arrow judges a whole chunk of lines with a
-few vectorised comparisons.
+type as Arrow IPC files: ``ts``, ``peer`` and the fields the analysis reads
+(:data:`~agiledart.analysis.schemas.ANALYZED`), under ``<parts>/<type>/``. Arrow judges
+a whole block of lines with a few vectorised comparisons, and its files are what the
+sections' jobs read, memory-mapped, without any decoding (:class:`Source`).
 
 A task returns what it counted: valid records per type and peer (with the earliest and
 latest ``ts``), malformed lines per reason and a few of them as examples. Malformed
-lines are counted, reported and skipped; they never stop an analysis. The jobs then
-read each record type's Parquet files with Spark, with their explicit schema
-(:meth:`Traces.records`), and only the columns they use.
+lines are counted, reported and skipped; they never stop an analysis.
 """
 
 from __future__ import annotations
@@ -28,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
+from agiledart.analysis.columns import Source
 from agiledart.analysis.errors import AnalysisUsageError
 from agiledart.analysis.parse import REASONS, pieces, write_piece
-from agiledart.analysis.schemas import CORRUPT, RECORD_TYPES, kind_struct, union_schema
+from agiledart.analysis.schemas import CORRUPT, RECORD_TYPES, union_schema
 from agiledart.traces.writer import trace_files
 
 __all__ = ["REASONS", "Malformed", "Traces", "json_lines", "read_traces"]
@@ -58,13 +55,13 @@ class Malformed:
 
 @dataclass
 class Traces:
-    """The valid records of one trace directory, as Parquet files Spark reads."""
+    """The valid records of one trace directory, as Arrow files under :attr:`parts`."""
 
     spark: SparkSession
     directory: Path
     files: list[Path]
     parts: Path
-    """``<type>/part-NNNNNN.parquet``: the valid records of each type."""
+    """``<type>/part-NNNNNN.arrow``: the valid records of each type."""
     counts: dict[str, int]
     """Valid records per type."""
     writer_peers: list[str]
@@ -82,17 +79,19 @@ class Traces:
     def has(self, kind: str) -> bool:
         return self.counts.get(kind, 0) > 0
 
-    def records(self, kind: str) -> DataFrame:
-        """The valid ``kind`` records: ``type``, ``ts``, ``peer`` and the analyzed fields."""
-        schema = kind_struct(kind)
-        if self.has(kind):
-            frame = self.spark.read.schema(schema).parquet(str(self.parts / kind))
-        else:
-            frame = self.spark.createDataFrame([], schema)
-        return frame.select(F.lit(kind).alias("type"), *schema.names)
+    def source(self, window_ms: float) -> Source:
+        """What the sections' jobs read, with windows of ``window_ms``."""
+        return Source(
+            parts=str(self.parts),
+            counts=dict(self.counts),
+            writer_peers=list(self.writer_peers),
+            t0_ms=self.t0_ms,
+            t1_ms=self.t1_ms,
+            window_ms=window_ms,
+        )
 
     def release(self) -> None:
-        """Remove the Parquet files."""
+        """Remove the records' files."""
         shutil.rmtree(self.parts, ignore_errors=True)
 
 

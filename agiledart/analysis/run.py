@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ from agiledart.analysis.session import require_analysis_extra, spark_session
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from agiledart.analysis.columns import Source
     from agiledart.analysis.model import Section
     from agiledart.analysis.report import Rendered
 
@@ -78,7 +80,7 @@ def analyze(
 
 
 def _analyze(spark: SparkSession, trace_dir: Path, out: Path, window_ms: float) -> Analysis:
-    from agiledart.analysis import metrics, overview, placement, routing, timelines
+    from agiledart.analysis import overview
     from agiledart.analysis.reader import read_traces
     from agiledart.analysis.report import write_report
 
@@ -99,21 +101,8 @@ def _analyze(spark: SparkSession, trace_dir: Path, out: Path, window_ms: float) 
                 traces.malformed.total,
                 ", ".join(f"{k} {v}" for k, v in traces.malformed.counts.items() if v),
             )
-        jobs: list[Callable[[], Section]] = [
-            lambda: overview.overview_section(traces),
-            lambda: overview.malformed_section(traces),
-            lambda: metrics.latency_section(traces, window_ms),
-            lambda: metrics.throughput_section(traces, window_ms),
-            lambda: routing.routing_section(traces),
-            lambda: routing.shuffle_section(traces),
-            lambda: placement.placement_section(traces),
-            lambda: placement.scheduler_section(traces),
-            lambda: timelines.scaling_section(traces),
-            lambda: timelines.recovery_section(traces),
-            lambda: timelines.checkpoint_section(traces),
-            lambda: timelines.peer_section(traces),
-        ]
-        sections, rendered = _run(jobs)
+        first = [overview.overview_section(traces), overview.malformed_section(traces)]
+        sections, rendered = _run(spark, traces.source(window_ms), first)
     finally:
         traces.release()
     jobs_at = time.perf_counter()
@@ -150,31 +139,42 @@ def _analyze(spark: SparkSession, trace_dir: Path, out: Path, window_ms: float) 
     )
 
 
-def _run(jobs: list[Callable[[], Section]]) -> tuple[list[Section], list[Rendered]]:
-    """Run the jobs, a few at once (while one job's query is planned and compiled on the
-    driver, another's tasks use the cores), and render each section (its CSV text and
-    PNG images, on one thread: matplotlib is not thread-safe) as soon as it is done,
-    while later jobs still run."""
+def _run(
+    spark: SparkSession, source: Source, first: list[Section]
+) -> tuple[list[Section], list[Rendered]]:
+    """Run one Spark job per section (:mod:`~agiledart.analysis.sections`), the costliest
+    first, a few submitted at once so that the cores stay busy, and render each section
+    (its CSV text and PNG images, on one thread: matplotlib is not thread-safe) as soon
+    as it is done, while later jobs still run. ``first`` are computed already."""
+    from agiledart.analysis.plots import of_section
     from agiledart.analysis.report import render
+    from agiledart.analysis.sections import SECTIONS, by_cost, compute
 
+    def job(key: str) -> Section:
+        spark.sparkContext.setJobDescription(f"agiledart analyze: {key}")
+        task = functools.partial(compute, source=source)
+        (section,) = spark.sparkContext.parallelize([key], 1).map(task).collect()
+        section.plots[:] = of_section(section)
+        return section
+
+    order = [s.key for s in first] + list(SECTIONS)
     with (
         ThreadPoolExecutor(JOBS_AT_ONCE, thread_name_prefix="analyze") as pool,
         ThreadPoolExecutor(1, thread_name_prefix="render") as painter,
     ):
-        running = {pool.submit(job): i for i, job in enumerate(jobs)}
-        sections: dict[int, Section] = {}
-        rendering: dict[int, Future[Rendered]] = {}
+        sections = {s.key: s for s in first}
+        rendering = {s.key: painter.submit(render, s) for s in first}
+        running = {pool.submit(job, key): key for key in by_cost(source)}
         try:
-            for n, done in enumerate(as_completed(running), start=1):
-                i = running[done]
-                sections[i] = done.result()
-                rendering[i] = painter.submit(render, sections[i])
-                log.info("%d/%d sections: %s", n, len(jobs), sections[i].title)
+            for n, done in enumerate(as_completed(running), start=len(first) + 1):
+                section = done.result()
+                sections[section.key] = section
+                rendering[section.key] = painter.submit(render, section)
+                log.info("%d/%d sections: %s", n, len(order), section.title)
         except BaseException:
             pool.shutdown(cancel_futures=True)
             raise
-        order = range(len(jobs))
-        return [sections[i] for i in order], [rendering[i].result() for i in order]
+        return [sections[k] for k in order], [rendering[k].result() for k in order]
 
 
 def _clear(out: Path) -> None:

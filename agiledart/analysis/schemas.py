@@ -12,8 +12,7 @@ array<array<string>>, ``{str: [str]}`` -> map<string, array<string>>, ``any`` ->
 string (the value's JSON text).
 
 The reader (:mod:`~agiledart.analysis.parse`) keeps, of each valid record, only ``ts``,
-``peer`` and the fields the analysis reads (:data:`ANALYZED`), with the Spark schema of
-:func:`kind_struct`.
+``peer`` and the fields the analysis reads (:data:`ANALYZED`).
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ __all__ = [
     "CORRUPT",
     "RECORD_TYPES",
     "SCHEMA_VERSION",
-    "kind_struct",
     "record_schema",
     "required_fields",
     "union_schema",
@@ -105,11 +103,3 @@ ANALYZED: dict[str, tuple[str, ...]] = {
     "recovery": ("app", "dead_peer", "epoch", "phase", "duration_ms", "operators"),
     "scheduler": ("zone", "scheduler", "event", "apps"),
 }
-
-
-def kind_struct(kind: str) -> T.StructType:
-    """``ts``, ``peer`` and the analyzed fields of record type ``kind``: the columns the
-    reader keeps of its valid records."""
-    fields = {**COMMON, **FIELDS[kind]}
-    names = ("ts", "peer", *ANALYZED[kind])
-    return T.StructType([T.StructField(name, _spark_type(fields[name]), True) for name in names])

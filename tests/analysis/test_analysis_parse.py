@@ -79,29 +79,61 @@ def test_the_pieces_of_a_file_hold_each_line_once(tmp_path: Path) -> None:
     assert sum(len(rows) for rows in _rows(whole).values()) == len(path.read_text().splitlines())
 
 
+def _fast_all(data: bytes, result: parse.PieceResult) -> bool:
+    """Whether Arrow judged every line of ``data`` (each type's lines apart)."""
+    kinds, others = parse._by_kind(data)
+    fast = [parse._fast(kind, b"\n".join(lines), result) for kind, lines in kinds.items()]
+    return not others and all(fast)
+
+
 def test_arrow_and_the_line_rules_agree_on_valid_lines(tmp_path: Path) -> None:
     data = _trace(tmp_path).read_bytes()
-    fast, slow = parse.PieceResult(), parse.PieceResult()
-    assert parse._fast(data, fast)
+    fast, slow, judged = parse.PieceResult(), parse.PieceResult(), parse.PieceResult()
+    assert _fast_all(data, fast)
     parse._slow(data, slow)
-    assert _rows(fast) == _rows(slow)
-    assert fast.tally == slow.tally
+    parse._judge(data, judged)
+    assert _rows(fast) == _rows(slow) == _rows(judged)
+    assert fast.tally == slow.tally == judged.tally
     placement = _rows(fast)["placement"][1]
     assert placement["placement"] == [("src", ["p1"]), ("op-10", ["p2", "p3"])]
     assert placement["strategy"] is None
 
 
 @pytest.mark.parametrize("reason", list(BAD_LINES))
-def test_a_chunk_with_a_malformed_line_is_judged_line_by_line(tmp_path: Path, reason: str) -> None:
+def test_a_malformed_line_is_judged_line_by_line_with_its_type(tmp_path: Path, reason: str) -> None:
     good = _trace(tmp_path).read_bytes()
     for bad in BAD_LINES[reason]:
+        line = bad.encode("utf-8", "surrogateescape") + b"\n"
+        assert not _fast_all(line, parse.PieceResult())
         result = parse.PieceResult()
-        data = good + bad.encode("utf-8", "surrogateescape") + b"\n" + good
-        assert not parse._fast(data, parse.PieceResult())
-        parse._slow(data, result)
+        parse._judge(good + line + good, result)
         assert result.malformed == {reason: 1}
         assert result.examples[0][0] == reason
         assert sum(len(rows) for rows in _rows(result).values()) == 2 * len(good.splitlines())
+
+
+def test_lines_are_sorted_by_type_as_the_writer_starts_them() -> None:
+    lines = [
+        b'{"v":1,"type":"peer","ts":1.0}',
+        b"",
+        b'  {"type":"peer","v":1}',
+        b'{"v":1,"type":"tuplex","ts":1.0}',
+        b'{"v":1,"type":"tu\\u0070le"}',
+        b'{"v":1,"type":"tuple"}',
+        b"   ",
+    ]
+    kinds, others = parse._by_kind(b"\n".join(lines))
+    assert kinds == {"peer": [lines[0]], "tuple": [lines[5]]}
+    assert sorted(others) == sorted([lines[2], lines[3], lines[4]])
+
+
+def test_a_field_of_another_type_is_ignored() -> None:
+    line = (
+        '{"v":1,"type":"scheduler","ts":1.0,"peer":"p","zone":"z","scheduler":"s",'
+        '"event":"e","apps":2,"hop":"not a number"}'
+    )
+    assert parse.judge_line(line)[0] == "scheduler"
+    assert _fast_all(line.encode(), parse.PieceResult())
 
 
 def test_line_rules_follow_sparks_json_reader() -> None:
@@ -148,13 +180,13 @@ def test_both_ways_of_judging_leave_unread_optional_fields_alone() -> None:
     )
     assert "omega" not in parse.CHECKED
     fast, slow = parse.PieceResult(), parse.PieceResult()
-    assert parse._fast(line.encode() + b"\n", fast)
+    assert parse._fast("shuffle", line.encode(), fast)
     parse._slow(line.encode() + b"\n", slow)
     assert _rows(fast) == _rows(slow)
     assert _rows(fast)["shuffle"][0]["delay_ms"] == 2.0
     # a required field that no table reads is still checked
     assert parse.judge_line(line.replace('"tau":1', '"tau":1.5'))[0] == "bad_fields"
-    assert not parse._fast(line.replace('"tau":1', '"tau":1.5').encode() + b"\n", fast)
+    assert not parse._fast("shuffle", line.replace('"tau":1', '"tau":1.5').encode(), fast)
 
 
 def test_records_are_handed_on_as_they_pile_up_and_counted_once(tmp_path: Path) -> None:
@@ -174,14 +206,14 @@ def test_records_are_handed_on_as_they_pile_up_and_counted_once(tmp_path: Path) 
     assert _rows(merged) == _rows(whole)
 
 
-def test_a_task_writes_one_parquet_file_per_type(tmp_path: Path) -> None:
-    import pyarrow.parquet as pq
+def test_a_task_writes_one_arrow_file_per_type(tmp_path: Path) -> None:
+    import pyarrow.ipc as ipc
 
     path = _trace(tmp_path / "traces")
     done = parse.write_piece(3, parse.Piece(str(path), 0, -1), str(tmp_path / "parts"))
     whole = _rows(parse.read_piece(parse.Piece(str(path), 0, -1)))
     for kind, rows in whole.items():
-        table = pq.read_table(tmp_path / "parts" / kind / "part-000003.parquet")
+        table = ipc.open_file(tmp_path / "parts" / kind / "part-000003.arrow").read_all()
         assert table.to_pylist() == rows
         assert sum(n for (k, _), (n, _, _) in done["tally"].items() if k == kind) == len(rows)
     assert done["malformed"] == {}

@@ -1,0 +1,33 @@
+"""scripts/bench_analyze.py keeps its output contract (a quick run: 20,000 lines)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark", reason="the analysis extra is not installed")
+pytestmark = pytest.mark.processes
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_analyze.py"
+
+
+def test_a_quick_run_reports_rows_per_second_beside_its_anchors() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--rows", "20000", "--json"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["rows"] >= 20_000
+    assert report["malformed"] == 0
+    assert report["rows_per_s"] == pytest.approx(report["rows"] / report["seconds"], rel=0.01)
+    assert report["anchor_rows_per_s"] == 200_000
+    assert report["parse_rows_per_s"] > 0
+    for key in ("read_s", "jobs_s", "report_s"):
+        assert report[key] >= 0, key
