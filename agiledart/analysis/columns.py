@@ -34,13 +34,11 @@ __all__ = [
     "Source",
     "floats",
     "groups",
-    "ints",
     "joined",
     "ordered",
     "partition",
     "percentile",
     "sorted_rows",
-    "strings",
 ]
 
 #: an Arrow array (chunked or not) or a numpy array (pyarrow has no type hints)
@@ -93,28 +91,17 @@ def floats(column: Column) -> np.ndarray:
     return np.asarray(array.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
-def ints(column: Column) -> np.ndarray:
-    """An integer column without nulls as int64."""
-    if isinstance(column, np.ndarray):
-        return column.astype(np.int64, copy=False)
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    return np.asarray(array.to_numpy(zero_copy_only=False), dtype=np.int64)
-
-
-def strings(column: Column) -> list[Any]:
-    return list(column.to_pylist()) if not isinstance(column, np.ndarray) else column.tolist()
-
-
-def joined(column: Column, separator: str) -> list[str | None]:
-    """A list-of-strings column as text, the items joined by ``separator`` (null items
-    skipped, as Spark's ``array_join``; a null list stays null)."""
+def joined(column: Column, separator: str) -> pa.Array:
+    """A list-of-strings column as a string column, the items joined by ``separator``
+    (null items skipped, as Spark's ``array_join``; a null list stays null)."""
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if array.flatten().null_count:  # rare: Arrow would make the whole row null
-        return [
+        texts = [
             None if items is None else separator.join(x for x in items if x is not None)
             for items in array.to_pylist()
         ]
-    return list(pc.binary_join(array, separator).to_pylist())
+        return pa.array(texts, pa.string())
+    return pc.binary_join(array, separator)
 
 
 def _py(value: Any) -> Any:

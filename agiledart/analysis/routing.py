@@ -105,7 +105,7 @@ def _regret(deliveries: pa.Table) -> tuple[list[tuple[Any, ...]], list[tuple[Any
 
 
 def _paths(deliveries: pa.Table) -> list[tuple[Any, ...]]:
-    text = pa.array(joined(deliveries["path"], " > "), pa.string())
+    text = joined(deliveries["path"], " > ")
     counted = groups(*(deliveries[c] for c in SERIES), text)
     packets = counted.count().tolist()
     per_series: dict[tuple[Any, ...], list[tuple[Any, int]]] = defaultdict(list)

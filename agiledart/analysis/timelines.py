@@ -98,7 +98,7 @@ def recovery_section(source: Source) -> Section:
     columns = ("app", "dead_peer", "epoch", "phase", "duration_ms")
     events = _timed(source, "recovery", *columns)
     operators = source.table("recovery", kind_schema("recovery"))["operators"]
-    events = events.append_column("operators", pa.array(joined(operators, " "), pa.string()))
+    events = events.append_column("operators", joined(operators, " "))
     by = groups(events["app"], events["dead_peer"])
     t_s, took = floats(events["t_s"]), floats(events["duration_ms"])
     first = {

@@ -83,3 +83,12 @@ def test_rows_are_ordered_as_spark_orders() -> None:
     rows = [("b", 1), (None, 5), ("a", None), ("a", 3)]
     assert ordered(rows, 0, 1) == [(None, 5), ("a", None), ("a", 3), ("b", 1)]
     assert ordered(rows, 1, 0, descending=(1,)) == [(None, 5), ("a", 3), ("b", 1), ("a", None)]
+
+
+def test_lists_are_joined_as_sparks_array_join() -> None:
+    from agiledart.analysis.columns import joined
+
+    plain = pa.array([["a", "b"], [], None], pa.list_(pa.string()))
+    assert joined(plain, " > ").to_pylist() == ["a > b", "", None]
+    holes = pa.array([["a", None, "c"], None, [None]], pa.list_(pa.string()))
+    assert joined(holes, " ").to_pylist() == ["a c", None, ""]
