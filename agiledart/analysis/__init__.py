@@ -1,9 +1,11 @@
 """Offline analysis of peer traces with PySpark (DESIGN.md §3 step 9; docs/traces.md).
 
-``agiledart analyze TRACE_DIR --out DIR`` reads every peer's trace files with explicit
-Spark schemas (:mod:`~agiledart.analysis.schemas`, :mod:`~agiledart.analysis.reader`),
-counts and skips malformed lines, runs one Spark job per figure and writes CSV tables,
-PNG plots and ``report.html``:
+``agiledart analyze TRACE_DIR --out DIR`` reads every peer's trace files in one Spark
+job whose tasks parse them with Arrow against each record type's explicit schema
+(:mod:`~agiledart.analysis.reader`, :mod:`~agiledart.analysis.parse`), counts and skips
+malformed lines, computes each section in a Spark job of its own with numpy over the
+parsed records (:mod:`~agiledart.analysis.sections`, :mod:`~agiledart.analysis.columns`)
+and writes CSV tables, PNG plots and ``report.html``:
 
 * :mod:`~agiledart.analysis.metrics`: latency percentiles per app over time, throughput
   per operator;

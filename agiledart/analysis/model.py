@@ -1,22 +1,23 @@
 """What an analysis produces: sections of tables and plots, before they become files.
 
-The Spark jobs (:mod:`~agiledart.analysis.metrics`, :mod:`~agiledart.analysis.routing`,
-:mod:`~agiledart.analysis.placement`, :mod:`~agiledart.analysis.timelines`) each
-return a :class:`Section`; :mod:`~agiledart.analysis.report` writes its tables as CSV,
-draws its plots as PNG and lays it out in ``report.html``. Tables are small by
-construction (aggregates, downsampled curves), so they are collected to the driver.
+The sections' Spark jobs (:mod:`~agiledart.analysis.metrics`,
+:mod:`~agiledart.analysis.routing`, :mod:`~agiledart.analysis.placement`,
+:mod:`~agiledart.analysis.timelines`) each return a :class:`Section` with its tables,
+pickled back to the driver, which adds the plots
+(:func:`~agiledart.analysis.plots.of_section`); :mod:`~agiledart.analysis.report`
+writes its tables as CSV, draws its plots as PNG and lays it out in ``report.html``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from matplotlib.figure import Figure
-from pyspark.sql import DataFrame
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-__all__ = ["Plot", "Section", "Table", "collect"]
+__all__ = ["Plot", "Section", "Table"]
 
 
 @dataclass(frozen=True)
@@ -60,12 +61,3 @@ class Section:
     @property
     def empty(self) -> bool:
         return not self.tables and not self.plots
-
-
-def collect(frame: DataFrame, name: str, title: str) -> Table:
-    """Run ``frame`` and keep its rows as a :class:`Table` (through Arrow: a log table
-    of every record of a type can have hundreds of thousands of rows, which Spark's
-    row-by-row pickling brings over several times slower)."""
-    columns = [column.to_pylist() for column in frame.toArrow().columns]
-    rows = list(zip(*columns, strict=True)) if columns else []
-    return Table(name=name, title=title, columns=list(frame.columns), rows=rows)
