@@ -118,6 +118,7 @@ def throughput_section(source: Source) -> Section:
     order = partition(instance.ids, np.argsort(floats(samples["ts"]), kind="stable"))
     samples = samples.take(pa.array(order))
     ids = instance.ids[order]
+    instance = Groups(ids=ids, keys=instance.keys)  # the same groups, rows in time order
     first = np.r_[True, ids[1:] != ids[:-1]]
     d_in = _increase(floats(samples["records_in"]), first)
     d_out = _increase(floats(samples["records_out"]), first)
@@ -150,7 +151,7 @@ def throughput_section(source: Source) -> Section:
                 "queue_max",
                 "utilization_mean",
             ],
-            _per_operator(samples, windows),
+            _per_operator(samples, instance, windows),
         ),
         Table(
             "throughput_windows",
@@ -176,9 +177,10 @@ def throughput_section(source: Source) -> Section:
     return section
 
 
-def _per_operator(samples: pa.Table, windows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+def _per_operator(
+    samples: pa.Table, instance: Groups, windows: list[tuple[Any, ...]]
+) -> list[tuple[Any, ...]]:
     """Counter totals (each instance's largest value, summed) and the window rates."""
-    instance = groups(samples["app"], samples["operator"], samples["peer"])
     last_in = instance.extreme(floats(samples["records_in"]), np.maximum)
     last_out = instance.extreme(floats(samples["records_out"]), np.maximum)
     totals: dict[tuple[Any, Any], list[int]] = {}
