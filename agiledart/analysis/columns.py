@@ -34,6 +34,7 @@ __all__ = [
     "Source",
     "floats",
     "groups",
+    "join_items",
     "joined",
     "ordered",
     "partition",
@@ -96,12 +97,14 @@ def joined(column: Column, separator: str) -> pa.Array:
     (null items skipped, as Spark's ``array_join``; a null list stays null)."""
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if array.flatten().null_count:  # rare: Arrow would make the whole row null
-        texts = [
-            None if items is None else separator.join(x for x in items if x is not None)
-            for items in array.to_pylist()
-        ]
+        texts = [join_items(items, separator) for items in array.to_pylist()]
         return pa.array(texts, pa.string())
     return pc.binary_join(array, separator)
+
+
+def join_items(items: list[Any] | None, separator: str) -> str | None:
+    """One list joined as :func:`joined` joins a column's (null items skipped)."""
+    return None if items is None else separator.join(x for x in items if x is not None)
 
 
 def _py(value: Any) -> Any:

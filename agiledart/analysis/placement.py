@@ -14,18 +14,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-import numpy as np
-
-from agiledart.analysis.columns import Source, groups, ordered, sorted_rows
+from agiledart.analysis.columns import Source, floats, groups, join_items, ordered, sorted_rows
 from agiledart.analysis.model import Section, Table
 from agiledart.analysis.parse import kind_schema
 
 __all__ = ["placement_section", "scheduler_section"]
-
-
-def _text(items: list[Any] | None, separator: str) -> str | None:
-    """A list joined as Spark's ``array_join`` does (null items skipped)."""
-    return None if items is None else separator.join(x for x in items if x is not None)
 
 
 def _latest(source: Source) -> list[dict[str, Any]]:
@@ -57,12 +50,14 @@ def placement_section(source: Source) -> Section:
         "operators_per_peer", "Operator instances per peer", ["peer", "operators"], per_peer
     )
     placements = [
-        (r["app"], r["name"], r["strategy"], operator, _text(peers, " "))
+        (r["app"], r["name"], r["strategy"], operator, join_items(peers, " "))
         for r in latest
         for operator, peers in r["placement"] or []
     ]
     paths = [
-        (r["app"], i, _text(path, " > ")) for r in latest for i, path in enumerate(r["paths"] or [])
+        (r["app"], i, join_items(path, " > "))
+        for r in latest
+        for i, path in enumerate(r["paths"] or [])
     ]
     counts = table.column("operators")
     hist = sorted(Counter(counts).items())
@@ -101,7 +96,7 @@ def scheduler_section(source: Source) -> Section:
         return section
     events = source.table("scheduler", kind_schema("scheduler"))
     by_zone = groups(events["zone"])
-    ts = np.asarray(events["ts"].to_numpy(), dtype=np.float64)
+    ts = floats(events["ts"])
     names: dict[Any, set[Any]] = {}
     pairs = zip(events["zone"].to_pylist(), events["scheduler"].to_pylist(), strict=True)
     for zone, scheduler in pairs:

@@ -96,9 +96,9 @@ def recovery_section(source: Source) -> Section:
     if not source.has("recovery"):
         return section
     columns = ("app", "dead_peer", "epoch", "phase", "duration_ms")
-    events = _timed(source, "recovery", *columns)
-    operators = source.table("recovery", kind_schema("recovery"))["operators"]
-    events = events.append_column("operators", joined(operators, " "))
+    events = _timed(source, "recovery", *columns, "operators")
+    at = events.schema.get_field_index("operators")
+    events = events.set_column(at, "operators", joined(events["operators"], " "))
     by = groups(events["app"], events["dead_peer"])
     t_s, took = floats(events["t_s"]), floats(events["duration_ms"])
     first = {
