@@ -216,6 +216,8 @@ class Scheduler:
         self.pacer = Pacer(checkpoint_rate)  #: when the next epoch may start
         #: ended apps still in memory, oldest first (see :meth:`_retire`)
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
+        #: apps whose end is being recorded (their final statistics being gathered)
+        self._ending: dict[str, asyncio.Event] = {}
 
     # -- submit -----------------------------------------------------------------------
 
@@ -484,12 +486,7 @@ class Scheduler:
             return
         done = self._sinks_done.setdefault(app_id, {})
         done[sink] = info
-        if set(done) >= set(rec.sinks):
-            rec.final = await self.gather(rec)
-            rec.state = "finished"
-            rec.finished_at = time.time()
-            await self._save(rec)
-            await self._undeploy(rec)
+        if set(done) >= set(rec.sinks) and await self._end(rec, "finished"):
             log.info("app %s finished", app_id)
 
     async def failed(
@@ -511,12 +508,29 @@ class Scheduler:
         await self._fail(rec, f"on {peer}: {error}")
 
     async def _fail(self, rec: AppRecord, error: str) -> None:
+        await self._end(rec, "failed", error)
+
+    async def _end(self, rec: AppRecord, state: str, error: str | None = None) -> bool:
+        """End a live ``rec`` in ``state``: its final statistics gathered once, the record
+        saved, its instances undeployed. False (once that end is recorded) if it has ended
+        or is ending already: a second sink's end, a repeated report or a stop racing the
+        gather must not gather again and replace the totals a status has shown."""
+        ending = self._ending.get(rec.app_id)
+        if ending is not None:  # the other caller's end is the end
+            await ending.wait()
         if rec.state not in LIVE_STATES:
-            return
-        rec.final = await self.gather(rec)
-        rec.state, rec.error = "failed", error
-        await self._save(rec)
+            return False
+        ending = self._ending[rec.app_id] = asyncio.Event()
+        try:
+            rec.final = await self.gather(rec)
+            rec.state, rec.error = state, error if error is not None else rec.error
+            rec.finished_at = time.time()
+            await self._save(rec)
+        finally:
+            del self._ending[rec.app_id]
+            ending.set()
         await self._undeploy(rec)
+        return True
 
     # -- checkpoints (agiledart.runtime.epochs) ------------------------------------------
 
@@ -1071,12 +1085,8 @@ class Scheduler:
                 return AppRecord.from_wire(raw)
             except OverlayError as exc:
                 log.warning("scheduler of %s unreachable (%s); stopping it from here", app_id, exc)
-        if rec.state in LIVE_STATES:
-            rec.final = await self.gather(rec)
-            rec.state = "stopped"
-            rec.finished_at = time.time()
-        await self._undeploy(rec)
-        await self._save(rec)
+        if not await self._end(rec, "stopped"):
+            await self._undeploy(rec)  # ended already: whatever is left of it goes
         return rec
 
     async def list_apps(self) -> list[dict[str, Any]]:

@@ -104,3 +104,45 @@ def test_an_app_whose_final_record_was_not_stored_stays_in_memory(
         assert (await s.record("q-0")).state == "failed"
 
     asyncio.run(run())
+
+
+def test_an_app_ends_once_however_many_ends_race(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two sinks' ends and a stop arriving while the final statistics are gathered: one
+    gather, one end state, and the totals a status shows never change afterwards."""
+    store = Store()
+    s = scheduler(store)
+    gathers: list[int] = []
+    undeploys: list[str] = []
+
+    async def gather(rec: AppRecord) -> dict[str, Any]:
+        gathers.append(len(gathers))
+        await asyncio.sleep(0.2)  # the peers answering
+        uptime = 10.0 + len(gathers)  # a later gather sees a longer uptime
+        return {"p": {"uptime_s": uptime, "sources": {"s": {"emitted": 100}}}}
+
+    async def undeploy(rec: AppRecord) -> None:
+        undeploys.append(rec.app_id)
+
+    monkeypatch.setattr(s, "gather", gather)
+    monkeypatch.setattr(s, "_undeploy", undeploy)
+
+    async def run() -> None:
+        rec = live(s, "q-0")
+        rec.sinks = {"a": "edge-1", "b": "edge-2"}
+        await s.sink_done("q-0", "a", {})
+        assert gathers == []  # one sink of two: still running
+        await asyncio.gather(
+            s.sink_done("q-0", "b", {}),
+            s.sink_done("q-0", "b", {}),  # the same end, repeated
+            s.stop("q-0"),
+        )
+        assert len(gathers) == 1
+        assert rec.state == "finished"
+        first = (await s.status("q-0"))["totals"]
+        assert first["source_rate"] == 9.1  # 100 records over the first gather's 11 s
+        await s.sink_done("q-0", "b", {})
+        assert (await s.status("q-0"))["totals"] == first
+        assert (await s.stop("q-0")).state == "finished"
+        assert len(gathers) == 1
+
+    asyncio.run(run())
