@@ -29,6 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
+from agiledart.analysis.parse import kind_schema
+
 __all__ = [
     "Groups",
     "Source",
@@ -66,11 +68,12 @@ class Source:
     def has(self, kind: str) -> bool:
         return self.counts.get(kind, 0) > 0
 
-    def table(self, kind: str, schema: pa.Schema) -> pa.Table:
-        """Every valid ``kind`` record (memory-mapped; ``schema`` when there are none)."""
+    def table(self, kind: str) -> pa.Table:
+        """Every valid ``kind`` record, memory-mapped, with the columns the reader keeps
+        (:func:`~agiledart.analysis.parse.kind_schema`), none when there are none."""
         files = sorted(Path(self.parts, kind).glob("part-*.arrow"))
         tables = [ipc.open_file(pa.memory_map(str(f))).read_all() for f in files]
-        return pa.concat_tables(tables) if tables else schema.empty_table()
+        return pa.concat_tables(tables) if tables else kind_schema(kind).empty_table()
 
     def seconds(self, ts: Column) -> np.ndarray:
         """Seconds since the trace's first record."""
@@ -88,14 +91,19 @@ def floats(column: Column) -> np.ndarray:
     """A numeric column as float64, NaN for null."""
     if isinstance(column, np.ndarray):
         return column.astype(np.float64, copy=False)
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    return np.asarray(array.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+    values = _array(column).cast(pa.float64()).to_numpy(zero_copy_only=False)
+    return np.asarray(values, dtype=np.float64)
+
+
+def _array(column: Column) -> pa.Array:
+    """An Arrow column as one array (a chunked one's chunks combined)."""
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
 def joined(column: Column, separator: str) -> pa.Array:
     """A list-of-strings column as a string column, the items joined by ``separator``
     (null items skipped, as Spark's ``array_join``; a null list stays null)."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    array = _array(column)
     if array.flatten().null_count:  # rare: Arrow would make the whole row null
         texts = [join_items(items, separator) for items in array.to_pylist()]
         return pa.array(texts, pa.string())
@@ -129,8 +137,7 @@ def _codes(column: Column) -> tuple[np.ndarray, list[Any]]:
                 return renumber[column - low], (values + low).tolist()
         values, inverse = np.unique(column, return_inverse=True)
         return inverse.astype(np.int64), values.tolist()
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    encoded = pc.dictionary_encode(array, null_encoding="encode")
+    encoded = pc.dictionary_encode(_array(column), null_encoding="encode")
     if isinstance(encoded, pa.ChunkedArray):
         encoded = encoded.combine_chunks()
     codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)

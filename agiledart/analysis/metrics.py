@@ -30,7 +30,6 @@ from agiledart.analysis.columns import (
     percentile,
 )
 from agiledart.analysis.model import Section, Table
-from agiledart.analysis.parse import kind_schema
 
 __all__ = ["PERCENTILES", "latency_section", "throughput_section"]
 
@@ -56,7 +55,7 @@ def latency_section(source: Source) -> Section:
     section = Section("latency", "End-to-end latency", ("tuple",))
     if not source.has("tuple"):
         return section
-    tuples = source.table("tuple", kind_schema("tuple"))
+    tuples = source.table("tuple")
     latency = floats(tuples["latency_ms"])
     seconds = source.window_ms / 1000.0
     by_window = groups(tuples["app"], source.windows(tuples["ts"]))
@@ -113,7 +112,7 @@ def throughput_section(source: Source) -> Section:
     section = Section("throughput", "Operator throughput", ("opstats",))
     if not source.has("opstats"):
         return section
-    samples = source.table("opstats", kind_schema("opstats"))
+    samples = source.table("opstats")
     instance = groups(samples["app"], samples["operator"], samples["peer"])
     order = partition(instance.ids, np.argsort(floats(samples["ts"]), kind="stable"))
     samples = samples.take(pa.array(order))

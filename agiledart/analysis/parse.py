@@ -9,7 +9,7 @@ Hadoop's line reader splits files), so every line is read exactly once whatever 
 :func:`read_piece` reads it a *chunk* (:data:`CHUNK_BYTES`) at a time and sorts the
 chunk's lines by record type on the way the trace writer starts every line,
 ``{"v":1,"type":"<type>",``. Arrow's JSON reader then parses the lines of each type
-against that type's own schema (:func:`kind_schema`: its :data:`CHECKED` fields),
+against that type's own schema (:func:`arrow_schema`: its :data:`CHECKED` fields),
 which costs a third of parsing every line against the union of all types' fields (most
 of them null in any one line), and a few vectorised comparisons give each line one
 verdict, the same verdict as the record-by-record rules of :func:`judge_line`:

@@ -16,7 +16,6 @@ from typing import Any
 
 from agiledart.analysis.columns import Source, floats, groups, join_items, ordered, sorted_rows
 from agiledart.analysis.model import Section, Table
-from agiledart.analysis.parse import kind_schema
 
 __all__ = ["placement_section", "scheduler_section"]
 
@@ -24,7 +23,7 @@ __all__ = ["placement_section", "scheduler_section"]
 def _latest(source: Source) -> list[dict[str, Any]]:
     """Each app's latest ``placement`` record."""
     latest: dict[Any, dict[str, Any]] = {}
-    for record in source.table("placement", kind_schema("placement")).to_pylist():
+    for record in source.table("placement").to_pylist():
         seen = latest.get(record["app"])
         if seen is None or record["ts"] > seen["ts"]:
             latest[record["app"]] = record
@@ -94,7 +93,7 @@ def scheduler_section(source: Source) -> Section:
     section = Section("schedulers", "Zone schedulers", ("scheduler",))
     if not source.has("scheduler"):
         return section
-    events = source.table("scheduler", kind_schema("scheduler"))
+    events = source.table("scheduler")
     by_zone = groups(events["zone"])
     ts = floats(events["ts"])
     names: dict[Any, set[Any]] = {}

@@ -31,7 +31,6 @@ from agiledart.analysis.columns import (
     percentile,
 )
 from agiledart.analysis.model import Section, Table
-from agiledart.analysis.parse import kind_schema
 
 __all__ = ["CDF_POINTS", "CURVE_POINTS", "OUTCOMES", "routing_section", "shuffle_section"]
 
@@ -137,7 +136,7 @@ def routing_section(source: Source) -> Section:
     section = Section("routing", "Shuffle paths: regret, choices, delays", ("delivery",))
     if not source.has("delivery"):
         return section
-    deliveries = source.table("delivery", kind_schema("delivery"))
+    deliveries = source.table("delivery")
     deliveries = deliveries.set_column(
         deliveries.schema.get_field_index("graph"), "graph", pc.fill_null(deliveries["graph"], "")
     )
@@ -189,7 +188,7 @@ _LINK_KEYS = ("policy", "graph", "hop", "node", "next", "outcome")
 def _attempts(source: Source) -> list[dict[str, Any]]:
     """Hop attempts counted per policy, graph, hop, link and outcome, with their delay
     sums: a few hundred rows, from which every shuffle table adds up."""
-    shuffles = source.table("shuffle", kind_schema("shuffle"))
+    shuffles = source.table("shuffle")
     keys = [
         pc.fill_null(shuffles["graph"], "") if k == "graph" else shuffles[k] for k in _LINK_KEYS
     ]

@@ -16,40 +16,27 @@ from agiledart.analysis.model import Section
 
 __all__ = ["SECTIONS", "by_cost", "compute"]
 
-#: the sections in report order (after the overview and the malformed lines)
-SECTIONS: dict[str, Callable[[Source], Section]] = {
-    "latency": metrics.latency_section,
-    "throughput": metrics.throughput_section,
-    "routing": routing.routing_section,
-    "shuffle": routing.shuffle_section,
-    "placement": placement.placement_section,
-    "schedulers": placement.scheduler_section,
-    "scaling": timelines.scaling_section,
-    "recovery": timelines.recovery_section,
-    "checkpoints": timelines.checkpoint_section,
-    "peers": timelines.peer_section,
-}
-
-#: the record types each section reads, to start the costliest first
-_READS = {
-    "latency": "tuple",
-    "throughput": "opstats",
-    "routing": "delivery",
-    "shuffle": "shuffle",
-    "placement": "placement",
-    "schedulers": "scheduler",
-    "scaling": "scaling",
-    "recovery": "recovery",
-    "checkpoints": "checkpoint",
-    "peers": "peer",
+#: the sections in report order (after the overview and the malformed lines): what
+#: computes each, and the record type it reads (to start the costliest first)
+SECTIONS: dict[str, tuple[Callable[[Source], Section], str]] = {
+    "latency": (metrics.latency_section, "tuple"),
+    "throughput": (metrics.throughput_section, "opstats"),
+    "routing": (routing.routing_section, "delivery"),
+    "shuffle": (routing.shuffle_section, "shuffle"),
+    "placement": (placement.placement_section, "placement"),
+    "schedulers": (placement.scheduler_section, "scheduler"),
+    "scaling": (timelines.scaling_section, "scaling"),
+    "recovery": (timelines.recovery_section, "recovery"),
+    "checkpoints": (timelines.checkpoint_section, "checkpoint"),
+    "peers": (timelines.peer_section, "peer"),
 }
 
 
 def by_cost(source: Source) -> list[str]:
     """The sections, the one with most records first (what the cores are kept busy by)."""
-    return sorted(SECTIONS, key=lambda key: -source.counts.get(_READS[key], 0))
+    return sorted(SECTIONS, key=lambda key: -source.counts.get(SECTIONS[key][1], 0))
 
 
 def compute(key: str, source: Source) -> Section:
     """Compute section ``key`` (the Spark task)."""
-    return SECTIONS[key](source)
+    return SECTIONS[key][0](source)

@@ -16,7 +16,6 @@ import pyarrow.compute as pc
 
 from agiledart.analysis.columns import Source, floats, groups, joined, ordered, sorted_rows
 from agiledart.analysis.model import Section, Table
-from agiledart.analysis.parse import kind_schema
 
 __all__ = ["checkpoint_section", "peer_section", "recovery_section", "scaling_section"]
 
@@ -26,7 +25,7 @@ DECISIONS = ("up", "down", "hold", "scale-out", "migrate")
 
 def _timed(source: Source, kind: str, *columns: str) -> pa.Table:
     """``t_s`` (seconds since the trace's start) and ``columns`` of the ``kind`` records."""
-    records = source.table(kind, kind_schema(kind))
+    records = source.table(kind)
     return records.select(list(columns)).add_column(0, "t_s", [source.seconds(records["ts"])])
 
 
