@@ -466,15 +466,19 @@ class Scheduler:
             rec = self.apps.get(old)
             if rec is None or rec.state in LIVE_STATES:
                 continue  # revived meanwhile (adopted again): not ended any more
-            del self.apps[old]
-            for per_app in (
-                self._sinks_done,
-                self._pending,
-                self._next_epoch,
-                self._specs,
-                self._recovering,
-            ):
-                per_app.pop(old, None)
+            self._forget(old)
+
+    def _forget(self, app_id: str) -> None:
+        """Drop what this peer holds in memory of ``app_id``."""
+        self.apps.pop(app_id, None)
+        for per_app in (
+            self._sinks_done,
+            self._pending,
+            self._next_epoch,
+            self._specs,
+            self._recovering,
+        ):
+            per_app.pop(app_id, None)
 
     # -- following --------------------------------------------------------------------
 
@@ -523,7 +527,9 @@ class Scheduler:
         ending = self._ending[rec.app_id] = asyncio.Event()
         try:
             rec.final = await self.gather(rec)
-            rec.state, rec.error = state, error if error is not None else rec.error
+            rec.state = state
+            if error is not None:
+                rec.error = error
             rec.finished_at = time.time()
             await self._save(rec)
         finally:
@@ -749,8 +755,7 @@ class Scheduler:
         )
         if False in replies and True not in replies:
             log.warning("app %s: its hosts still follow their scheduler; not adopted", rec.app_id)
-            self.apps.pop(rec.app_id, None)
-            self._sinks_done.pop(rec.app_id, None)
+            self._forget(rec.app_id)
             return
         await self._save(rec)
         spec = self._spec_of(rec)
