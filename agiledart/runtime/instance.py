@@ -971,18 +971,8 @@ class AppInstance:
         """Append ``item``'s records to the queued batch of the same producer when that
         batch has not started and stays within ``batch_records``: small outputs (a
         worker's turn) then cost the queue one entry, not one each."""
-        last = seg.last.get((item.producer, item.sender))
-        if (
-            last is None
-            or last.popped
-            or last is not seg.inbox[-1]
-            or last.offset
-            or last.records is None
-            or last.wm_after is not None
-            or last.ack is not None
-            or item.records is None
-            or len(last.records) + len(item.records) > self.options.batch_records
-        ):
+        last = _mergeable(seg, item, self.options.batch_records)
+        if last is None or last.records is None or item.records is None:
             return False
         last.records = last.records + item.records  # a new list: batches are shared
         last.traces = last.traces + item.traces if item.traces else last.traces
@@ -1401,6 +1391,28 @@ def _append(seg: Segment, item: _Item) -> None:
     seg.arrived += 0 if item.records is None else len(item.records)
     seg.last[(item.producer, item.sender)] = item
     seg.wake.set()
+
+
+def _mergeable(seg: Segment, item: _Item, batch_records: int) -> _Item | None:
+    """The queued batch that ``item``'s records may join: the same channel's latest
+    item, still last in the inbox (not held back by barrier alignment, where the inbox
+    may be empty), not started, without a watermark or an acknowledgement riding on it,
+    and with room for ``item``'s records."""
+    last = seg.last.get((item.producer, item.sender))
+    if (
+        last is None
+        or last.popped
+        or not seg.inbox
+        or last is not seg.inbox[-1]
+        or last.offset
+        or last.records is None
+        or last.wm_after is not None
+        or last.ack is not None
+        or item.records is None
+        or len(last.records) + len(item.records) > batch_records
+    ):
+        return None
+    return last
 
 
 def _merge_wm(seg: Segment, item: _Item) -> bool:

@@ -14,7 +14,15 @@ from agiledart.app import AppSpec, parse_spec
 from agiledart.app.errors import ExecutionError, SpecError
 from agiledart.runtime.code import Bundle, CodeStore, code_id_of, code_ids_in
 from agiledart.runtime.errors import CodeError, StoreError, UnknownApp
-from agiledart.runtime.instance import Deployment, _partition_key, _segments
+from agiledart.runtime.instance import (
+    Deployment,
+    Segment,
+    _append,
+    _Item,
+    _mergeable,
+    _partition_key,
+    _segments,
+)
 from agiledart.runtime.records import LocalRecords, record_key
 from agiledart.runtime.scheduler import AppRecord, status_view
 
@@ -274,6 +282,32 @@ def test_keyed_operators_take_records_by_their_key(op_id: str, key: str) -> None
 def test_operators_that_need_every_record_cannot_run_in_parallel(op_id: str) -> None:
     with pytest.raises(ExecutionError, match=f"operator '{op_id}'.*cannot run as several"):
         _partition_key(KEYED, op_id)
+
+
+def held_back_segment() -> tuple[Segment, _Item]:
+    """A segment whose only queued batch of channel (src, q) was held back by barrier
+    alignment: the inbox is empty, the batch waits in ``held``."""
+    seg = Segment(["a"], executor=None)  # type: ignore[arg-type]  # never run here
+    batch = _Item("src", [{"ts": 1}], [], sender="q")
+    _append(seg, batch)
+    seg.held.append(seg.inbox.popleft())
+    return seg, batch
+
+
+def test_a_batch_never_joins_one_held_back_by_barrier_alignment() -> None:
+    seg, held = held_back_segment()
+    assert not seg.inbox
+    assert _mergeable(seg, _Item("src", [{"ts": 2}], [], sender="q"), 100) is None
+    assert held.records == [{"ts": 1}]
+
+
+def test_a_batch_joins_the_queued_batch_of_its_channel_with_room() -> None:
+    seg = Segment(["a"], executor=None)  # type: ignore[arg-type]
+    first = _Item("src", [{"ts": 1}], [], sender="q")
+    _append(seg, first)
+    assert _mergeable(seg, _Item("src", [{"ts": 2}], [], sender="q"), 2) is first
+    assert _mergeable(seg, _Item("src", [{"ts": 2}, {"ts": 3}], [], sender="q"), 2) is None
+    assert _mergeable(seg, _Item("src", [{"ts": 2}], [], sender="other"), 2) is None
 
 
 # -- wire forms ---------------------------------------------------------------------------
