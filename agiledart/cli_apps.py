@@ -137,6 +137,8 @@ def _submit(args: argparse.Namespace, call: Call, run: Callable[[Any], Any]) -> 
     text = _spec_text(args.app)
     res = run(call(args, "submit", {"spec": text, "set": list(args.set)}))
     app_id = res["app_id"]
+    for warning in res.get("warnings") or ():
+        print(f"Warning: {warning}", file=sys.stderr)
     if args.wait:
         status = run(_wait(args, call, app_id))
         if args.json:
@@ -214,6 +216,18 @@ def _print_status(s: dict[str, Any]) -> None:
                     f"health {last.get('health')}, last decision {last.get('action')}"
                     + ("" if last.get("enabled") else " (scaling not enabled)")
                 )
+    if s.get("checkpoints") or s.get("checkpoint_failures"):
+        failed = s.get("checkpoint_failures", 0)
+        print(
+            f"  checkpoints: {s.get('checkpoints', 0)} committed"
+            + (f", {failed} failed" if failed else "")
+        )
+    problem = s.get("checkpoint_error")
+    if problem:
+        print(
+            f"  checkpoint {problem.get('epoch')} of {problem.get('instance')} failed: "
+            f"{problem.get('error')}"
+        )
     for event in s.get("rescales", []):
         print(
             f"  {event.get('action')} of {', '.join(event.get('operators', []))} from "

@@ -101,6 +101,7 @@ class CentralMaster:
                 {
                     "app_id": rec.app_id,
                     "state": rec.state,
+                    "warnings": self.scheduler.warnings(rec),
                     "placement": rec.placement,
                     "scheduler": self.name,
                     "queue_ms": round((started - job.enqueued) * 1000, 3),

@@ -46,6 +46,7 @@ __all__ = [
     "Holder",
     "SaveReceipt",
     "Uplink",
+    "fit_code",
     "load",
     "save",
 ]
@@ -302,6 +303,22 @@ def _checkpoint(req: Mapping[str, Any]) -> Key:
 
 
 # -- the client side --------------------------------------------------------------------
+
+
+def fit_code(m: int, k: int, holders: int) -> tuple[int, int] | None:
+    """The (m, k) to checkpoint with when only ``holders`` peers can hold fragments.
+
+    As asked when there are enough. Otherwise the tolerance ``k`` is kept (up to
+    ``holders - 1``) and the data fragments ``m`` lowered to fit, since losing a
+    holder is what the checkpoint is for: 4 holders turn the default (3, 2) into
+    (2, 2). One holder gives (1, 0), a copy that survives this peer's death but no
+    other; none gives None (nothing can be stored)."""
+    if m + k <= holders:
+        return m, k
+    if holders < 1:
+        return None
+    k = min(k, holders - 1)
+    return max(1, min(m, holders - k)), k
 
 
 async def save(

@@ -59,7 +59,7 @@ from agiledart.dataplane import CreditWindow, KeyPartitioner
 from agiledart.operators import BoundedOutOfOrderness
 from agiledart.operators.base import FINAL_WATERMARK, MIN_WATERMARK, Record
 from agiledart.overlay.errors import MalformedError, OverlayError
-from agiledart.runtime.checkpoints import CheckpointError, Holder, Uplink, load, save
+from agiledart.runtime.checkpoints import CheckpointError, Holder, Uplink, fit_code, load, save
 from agiledart.runtime.code import code_ids_in
 from agiledart.runtime.connectors import Sink, SourceConnector, open_sink, open_source
 from agiledart.runtime.elastic import ElasticDriver
@@ -537,6 +537,7 @@ class AppInstance:
             if s.id in here
         }
         self._source_locks = {sid: asyncio.Lock() for sid in self.sources}
+        self._lowered: set[str] = set()  #: instances told to checkpoint with a lower m, k
         #: producer id -> local consumers (segments, sinks)
         self.consumers: dict[str, tuple[list[Segment], list[str]]] = {}
         for ospec in spec.operators:
@@ -833,6 +834,21 @@ class AppInstance:
         m, k = (1, cp.k) if cp.mode == "replication" else (cp.m, cp.k)
         instance = f"{'+'.join(seg.ops)}@{self.me}"
         holders = self.holders(m + k) if self.holders is not None else []
+        fitted = fit_code(m, k, len(holders))
+        if fitted is None:
+            error = "no leaf-set peer can hold its fragments"
+            report = {"kind": "state_failed", "instance": instance, "error": error}
+            await self._report(epoch, report)
+            return
+        if fitted != (m, k):
+            if instance not in self._lowered:
+                self._lowered.add(instance)
+                log.warning(
+                    "app %s: checkpoints of %s use m=%d, k=%d: %d leaf-set peers hold "
+                    "fragments, m=%d, k=%d needs %d",
+                    self.app_id, instance, *fitted, len(holders), m, k, m + k,
+                )  # fmt: skip
+            m, k = fitted
         try:
             receipt = await save(
                 self.links,
@@ -849,6 +865,8 @@ class AppInstance:
             log.warning(
                 "app %s: checkpoint %d of %s not stored: %s", self.app_id, epoch, instance, exc
             )
+            failed = {"kind": "state_failed", "instance": instance, "error": str(exc)}
+            await self._report(epoch, failed)
             return
         await self._report(
             epoch,

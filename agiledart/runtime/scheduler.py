@@ -51,6 +51,7 @@ from agiledart.placement import (
     PlacementError,
     place,
 )
+from agiledart.runtime.checkpoints import fit_code
 from agiledart.runtime.code import CodeStore, code_ids_in
 from agiledart.runtime.epochs import CHECKPOINT_RATE, Pacer
 from agiledart.runtime.errors import CodeError, DeployError, UnknownApp
@@ -109,6 +110,8 @@ _RECORD_TYPES: dict[str, type | tuple[type, ...]] = {
     "recoveries": list,
     "checkpoint": (dict, type(None)),
     "checkpoints": int,
+    "checkpoint_failures": int,
+    "checkpoint_error": (dict, type(None)),
     "rescales": list,
     "strategy": str,
 }
@@ -137,6 +140,10 @@ class AppRecord:
     recoveries: list[dict[str, Any]] = field(default_factory=list)
     checkpoint: dict[str, Any] | None = None  #: the last committed epoch (see epochs.py)
     checkpoints: int = 0  #: epochs committed
+    checkpoint_failures: int = 0  #: epochs abandoned because a state was not stored
+    #: why the last epoch was abandoned, until a later one commits: epoch, instance,
+    #: error, at
+    checkpoint_error: dict[str, Any] | None = None
     #: scale-outs and migrations carried out (agiledart.runtime.elastic)
     rescales: list[dict[str, Any]] = field(default_factory=list)
     strategy: str = "join-routing"  #: the placement strategy used (spec ``placement``)
@@ -162,6 +169,8 @@ class AppRecord:
                 raise TypeError(msg)
             host, port = d["scheduler"]
             d["scheduler"] = (str(host), int(port))
+            if d.get("checkpoint") is not None:
+                _check_commit(d["checkpoint"])
             d["addresses"] = {
                 str(p): [str(a[0]), int(a[1])] for p, a in d.get("addresses", {}).items()
             }
@@ -218,6 +227,9 @@ class Scheduler:
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         #: apps whose end is being recorded (their final statistics being gathered)
         self._ending: dict[str, asyncio.Event] = {}
+        #: holders of committed epochs whose older fragments are not dropped yet (the
+        #: record naming a newer epoch could not be stored)
+        self._unsaved_holders: dict[str, set[Address]] = {}
 
     # -- submit -----------------------------------------------------------------------
 
@@ -263,6 +275,31 @@ class Scheduler:
         if problems:
             raise SpecError(problems)
 
+    async def _give_up(self, rec: AppRecord) -> None:
+        """Undo a submit that failed part-way: undeploy what was deployed and record
+        the app as failed (it no longer counts against the scheduler's app cap)."""
+        try:
+            await self._undeploy(rec)
+        finally:
+            await self._save(rec)
+
+    def warnings(self, rec: AppRecord) -> list[str]:
+        """What the submitter should know about ``rec`` now that it runs: checkpoints
+        wider than the ring are lowered to fit it (``checkpoints.fit_code``)."""
+        code = _checkpointing(self._spec_of(rec))
+        holders = len(self.directory.names()) - 1  # a peer's fragments go to the others
+        if code is None or sum(code) <= holders:
+            return []
+        fitted = fit_code(*code, holders)
+        if fitted is None:
+            return [f"{rec.app_id}: no other peer known to hold checkpoint fragments"]
+        return [
+            f"{rec.app_id}: the ring has {holders + 1} peers known here, too few for "
+            f"checkpoints with m={code[0]}, k={code[1]} ({sum(code)} holders besides the "
+            f"operator's peer): they use m={fitted[0]}, k={fitted[1]} (set checkpoint.m "
+            "and checkpoint.k to choose)"
+        ]
+
     async def submit(self, source: Any, overrides: Overrides = ()) -> AppRecord:
         spec, where = await self.validate(source, overrides)
         app_id = f"{spec.name}-{secrets.token_hex(3)}"
@@ -279,15 +316,20 @@ class Scheduler:
         )
         self.apps[app_id] = rec
         self._sinks_done[app_id] = {}
-        await self._save(rec)
-        await self.records.add(APPS_INDEX, app_id)
-        await self.records.add(record_key("scheduling", self.name), app_id)
         try:
-            await self._deploy(rec, spec, where)
-        except AgiledartError as exc:
-            rec.state, rec.error = "failed", str(exc)
-            await self._undeploy(rec)
             await self._save(rec)
+            await self.records.add(APPS_INDEX, app_id)
+            await self.records.add(record_key("scheduling", self.name), app_id)
+            await self._deploy(rec, spec, where)
+        except (Exception, asyncio.CancelledError) as exc:
+            # whatever stopped it (a store that failed, a host that refused, the CLI
+            # that went away), an app is never left "deploying" for ever
+            known = isinstance(exc, AgiledartError)
+            rec.state = "failed"
+            rec.error = str(exc) if known else f"submit did not complete: {exc!r}"
+            await asyncio.shield(self._give_up(rec))
+            if not known:
+                raise
             problems = _code_problems(spec, str(exc))
             if problems:  # this scheduler's copy was good, a host's download was not
                 raise SpecError(problems, name=spec.name) from exc
@@ -443,16 +485,18 @@ class Scheduler:
             log.warning("%s to %s failed: %s", type, address, exc)
             return None
 
-    async def _save(self, rec: AppRecord) -> None:
+    async def _save(self, rec: AppRecord) -> bool:
+        """Store ``rec`` in the DHT; False (logged) when the store refused or failed."""
         if rec.state not in LIVE_STATES:
             self._specs.pop(rec.app_id, None)
         try:
             await self.records.put(record_key("app", rec.app_id), rec.to_wire())
         except AgiledartError as exc:
             log.warning("could not store the record of %s: %s", rec.app_id, exc)
-            return
+            return False
         if rec.state not in LIVE_STATES and self.apps.get(rec.app_id) is rec:
             self._retire(rec.app_id)
+        return True
 
     def _retire(self, app_id: str) -> None:
         """``app_id`` ended and its final record is in the DHT: keep it in memory among
@@ -477,6 +521,7 @@ class Scheduler:
             self._next_epoch,
             self._specs,
             self._recovering,
+            self._unsaved_holders,
         ):
             per_app.pop(app_id, None)
 
@@ -610,6 +655,9 @@ class Scheduler:
         ):
             return
         kind = report.get("kind")
+        if kind == "state_failed":
+            await self._abandon(rec, pending, report)
+            return
         if kind == "state":
             pending.states[str(report.get("instance"))] = report
         elif kind == "source":
@@ -618,6 +666,25 @@ class Scheduler:
             pending.sinks[str(report.get("id"))] = report
         if self._complete(rec, pending):
             await self._commit(rec, pending)
+
+    async def _abandon(self, rec: AppRecord, pending: _Epoch, report: dict[str, Any]) -> None:
+        """A stateful instance could not store its state of ``pending``'s epoch: the
+        epoch can never commit. Say so in the record (status, metrics) and let the next
+        epoch be cut without waiting for this one to time out."""
+        self._pending.pop(rec.app_id, None)
+        rec.checkpoint_failures += 1
+        rec.checkpoint_error = {
+            "epoch": pending.epoch,
+            "instance": str(report.get("instance")),
+            "error": str(report.get("error"))[:500],
+            "at": time.time(),
+        }
+        log.warning(
+            "app %s: checkpoint %d abandoned: %s: %s",
+            rec.app_id, pending.epoch, rec.checkpoint_error["instance"],
+            rec.checkpoint_error["error"],
+        )  # fmt: skip
+        await self._save(rec)
 
     def _complete(self, rec: AppRecord, pending: _Epoch) -> bool:
         spec = self._spec_of(rec)
@@ -653,7 +720,8 @@ class Scheduler:
             "at": time.time(),
         }
         rec.checkpoints += 1
-        await self._save(rec)
+        rec.checkpoint_error = None
+        saved = await self._save(rec)
         if self.trace is not None:
             m = states[0]["m"] if states else 0
             k = states[0]["k"] if states else 0
@@ -667,13 +735,14 @@ class Scheduler:
                 k=k,
                 committed=True,
             )
-        holders = {
-            (str(a[0]), int(a[1]))
-            for cp in (old, rec.checkpoint)
-            if cp
-            for entry in cp["states"]
-            for _, a in entry["holders"]
-        }
+        # older epochs' fragments go only once the record naming this epoch is stored:
+        # until then a peer adopting the app reads the older commit and restores from it
+        unsaved = self._unsaved_holders.setdefault(rec.app_id, set())
+        unsaved.update(_holders_of(old))
+        if not saved:
+            return
+        holders = unsaved | _holders_of(rec.checkpoint)
+        self._unsaved_holders.pop(rec.app_id, None)
         body = {"app": rec.app_id, "below": pending.epoch}
         for address in holders:  # older epochs are not needed any more
             self._spawn(self._dropped(address, body))
@@ -1168,6 +1237,46 @@ def _restore_plan(cp: dict[str, Any], moved: Mapping[str, str]) -> dict[str, Any
     }
 
 
+def _check_commit(cp: dict[str, Any]) -> None:
+    """TypeError unless ``cp`` has the shape of a committed epoch (what recovery reads
+    from it: :func:`_restore_plan`, :func:`_holders_of`)."""
+    if type(cp.get("epoch")) is not int:
+        msg = "checkpoint needs an integer 'epoch'"
+        raise TypeError(msg)
+    if not isinstance(cp.get("sources"), dict) or not isinstance(cp.get("sinks"), dict):
+        msg = "checkpoint needs 'sources' and 'sinks' maps"
+        raise TypeError(msg)
+    states = cp.get("states")
+    if not isinstance(states, list):
+        msg = "checkpoint needs a 'states' list"
+        raise TypeError(msg)
+    for entry in states:
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("peer"), str)
+            and isinstance(entry.get("ops"), list)
+            and isinstance(entry.get("holders"), list)
+            and all(
+                isinstance(h, list | tuple)
+                and len(h) == 2
+                and isinstance(h[1], list | tuple)
+                and len(h[1]) == 2
+                and isinstance(h[1][0], str)
+                and type(h[1][1]) is int
+                for h in entry["holders"]
+            )
+        ):
+            msg = f"malformed checkpoint state {entry!r:.200}"
+            raise TypeError(msg)
+
+
+def _holders_of(cp: dict[str, Any] | None) -> set[Address]:
+    """The peers holding fragments of checkpoint ``cp``."""
+    if not cp:
+        return set()
+    return {(str(a[0]), int(a[1])) for entry in cp["states"] for _, a in entry["holders"]}
+
+
 def _addr(rec: AppRecord, peer: str) -> Address:
     a = rec.addresses[peer]
     return (str(a[0]), int(a[1]))
@@ -1236,6 +1345,8 @@ def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
             "waited_s": rec.checkpoint.get("waited_s", 0.0),  # older records lack it
         },
         "checkpoints": rec.checkpoints,
+        "checkpoint_failures": rec.checkpoint_failures,
+        "checkpoint_error": rec.checkpoint_error,
         "scaling": _scaling_view(stats),
         "rescales": rec.rescales,
         "totals": {

@@ -108,6 +108,7 @@ class AppRuntime:
             "data_unknown_app": 0,
             "credit_unknown_edge": 0,
             "data_stale": 0,  #: frames of an app from before its last recovery
+            "background_errors": 0,  #: background jobs that raised (logged with traceback)
         }
         self._group: asyncio.TaskGroup | None = None
         self._publisher: asyncio.Task[None] | None = None
@@ -130,6 +131,8 @@ class AppRuntime:
         self.checkpoint_seconds = Buckets((0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0))
         #: instances of apps restored on this peer from a committed checkpoint
         self.restored = 0
+        #: snapshots of instances here that could not be stored (their epoch abandoned)
+        self.checkpoint_failures = 0
         for type, handler in self.fragments.handlers().items():
             frames.route(type, handler)
         routes: dict[str, Callable[[dict[str, Any], ConnectionInfo], Any]] = {
@@ -299,7 +302,12 @@ class AppRuntime:
         if self.submitter is not None:
             return await self.submitter(spec, [str(o) for o in overrides])
         rec = await self.scheduler.submit(spec, [str(o) for o in overrides])
-        return {"app_id": rec.app_id, "state": rec.state, "placement": rec.placement}
+        return {
+            "app_id": rec.app_id,
+            "state": rec.state,
+            "placement": rec.placement,
+            "warnings": self.scheduler.warnings(rec),
+        }
 
     async def _apps(self, req: dict[str, Any], conn: ConnectionInfo) -> list[dict[str, Any]]:
         return await self.scheduler.list_apps()
@@ -426,13 +434,29 @@ class AppRuntime:
         body = {"app_id": d.app_id, "sink": sink, "info": info, "generation": d.generation}
         if self._group is not None:
             to = self._scheduler_of(d)
-            task = self._group.create_task(self._tell(to, "app_sink_done", body))
-            self._reports.add(task)
-            task.add_done_callback(self._reports.discard)
+            self._background(self._tell(to, "app_sink_done", body))
 
     async def _report_failed(self, d: Deployment, error: str, lost: str | None) -> None:
         body = {"app_id": d.app_id, "error": error, "lost": lost, "generation": d.generation}
         await self._tell(self._scheduler_of(d), "app_failed", body)
+
+    def _background(self, job: Coroutine[Any, Any, None]) -> None:
+        """Run ``job`` in this peer's task group, supervised: whatever it raises is
+        logged and counted, never the peer's end (a dead peer mid-request, a malformed
+        record in the store, a bug in one app's handling must not take down the rest)."""
+        if self._group is None:
+            job.close()
+            return
+        task = self._group.create_task(self._supervised(job))
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+    async def _supervised(self, job: Coroutine[Any, Any, None]) -> None:
+        try:
+            await job
+        except Exception:
+            self.dropped["background_errors"] += 1
+            log.exception("%s failed", getattr(job, "__qualname__", "a background job"))
 
     def _scheduler_of(self, d: Deployment) -> Address:
         return self.rebound.get(d.app_id, d.scheduler)
@@ -494,9 +518,7 @@ class AppRuntime:
             jobs.append(adopt(dead.name))
             jobs.append(self._report_hosted(dead.name))
         for job in jobs:
-            task = self._group.create_task(self._unless_cut_off(others, dead.name, job))
-            self._reports.add(task)
-            task.add_done_callback(self._reports.discard)
+            self._background(self._unless_cut_off(others, dead.name, job))
 
     async def _unless_cut_off(
         self, others: list[Any], dead: str, job: Coroutine[Any, Any, None]
@@ -553,9 +575,7 @@ class AppRuntime:
         app_id = _app_id(req)
         rec = self.scheduler.apps.get(app_id)
         if rec is not None and dead in rec.hosts() and self._group is not None:
-            task = self._group.create_task(self._recover_if_silent(app_id, dead))
-            self._reports.add(task)
-            task.add_done_callback(self._reports.discard)
+            self._background(self._recover_if_silent(app_id, dead))
         return True
 
     async def _recover_if_silent(self, app_id: str, dead: str) -> None:
@@ -573,9 +593,7 @@ class AppRuntime:
         if self._group is None:
             return
         apps = sorted(self.instances)
-        task = self._group.create_task(self._publish_manifest(apps))
-        self._reports.add(task)
-        task.add_done_callback(self._reports.discard)
+        self._background(self._publish_manifest(apps))
 
     async def _publish_manifest(self, apps: list[str]) -> None:
         try:
@@ -650,11 +668,9 @@ class AppRuntime:
         epoch = req.get("epoch")
         if type(epoch) is not int or _generation(req) != inst.generation:
             return {"injected": False}
-        if self._group is not None:
-            task = self._group.create_task(inst.inject_barrier(epoch))
-            self._reports.add(task)
-            task.add_done_callback(self._reports.discard)
-        return {"injected": True}
+        # a child of the instance: a downstream peer lost while the barrier goes out
+        # fails (and so recovers) the app, never this peer
+        return {"injected": inst.spawn(inst.inject_barrier(epoch)) is not None}
 
     async def _app_checkpoint(self, req: dict[str, Any], conn: ConnectionInfo) -> bool:
         report = req.get("report")
@@ -668,6 +684,8 @@ class AppRuntime:
         if report.get("kind") == "state":  # a snapshot stored from here
             self.checkpoint_bytes.observe(float(report.get("bytes", 0)))
             self.checkpoint_seconds.observe(float(report.get("seconds", 0.0)))
+        elif report.get("kind") == "state_failed":
+            self.checkpoint_failures += 1
         body = {"app_id": d.app_id, "report": report, "generation": d.generation}
         await self._tell(self._scheduler_of(d), "app_checkpoint", body)
 

@@ -314,6 +314,7 @@ class ZoneAgent:
             "app_id": rec.app_id,
             "state": rec.state,
             "placement": rec.placement,
+            "warnings": self.scheduler.warnings(rec),
             "scheduler": self.name,
             "scheduler_hops": hops,
             "elected": elect,

@@ -22,7 +22,8 @@ apps_hosted, records_store_entries / _bytes, engine_workers, engine_migrations_t
 ring_peers_known, leaf_set_size, overlay_events_total{event}, overlay_route_hops
 messages_rejected_total{transport, reason}      bad MAC, replay, oversize, malformed...
 frames_total{direction}, frame_bytes_total{direction}, frame_connections
-checkpoint_size_bytes, checkpoint_duration_seconds, recoveries_total
+checkpoint_size_bytes, checkpoint_duration_seconds, checkpoint_failures_total,
+recoveries_total
 process_tree_resident_bytes, process_tree_cpu_seconds_total, process_tree_processes
 =============================================  =========================================
 
@@ -352,6 +353,12 @@ class PeerCollector:
         times = runtime.checkpoint_seconds
         _histogram(duration, [name], times.bounds, list(times.counts), times.total)
         yield duration
+        yield _counter(
+            "checkpoint_failures",
+            "Snapshots of instances on this peer that could not be stored",
+            name,
+            runtime.checkpoint_failures,
+        )
         yield _counter(
             "recoveries",
             "Apps restored on this peer from a committed checkpoint",

@@ -382,6 +382,24 @@ RECORD = AppRecord(
 )
 
 
+STATE = {
+    "peer": "q",
+    "ops": ["b"],
+    "instance": "b@q",
+    "holders": [["p", ["127.0.0.2", 4000]]],
+    "m": 1,
+    "k": 0,
+    "bytes": 10,
+}
+COMMIT = {"epoch": 3, "sources": {"src": 10}, "sinks": {"out": 7}, "states": [STATE]}
+
+
+def test_an_app_record_with_a_commit_survives_its_wire_form() -> None:
+    rec = AppRecord(**{**vars(RECORD), "checkpoint": COMMIT, "checkpoints": 3})
+    wire = msgpack.unpackb(msgpack.packb(rec.to_wire()))
+    assert AppRecord.from_wire(wire) == rec
+
+
 def test_an_app_record_survives_its_wire_form() -> None:
     wire = msgpack.unpackb(msgpack.packb(RECORD.to_wire()))
     assert AppRecord.from_wire(wire) == RECORD
@@ -400,6 +418,10 @@ def test_an_app_record_survives_its_wire_form() -> None:
         {**RECORD.to_wire(), "final": ["not", "stats"]},
         {**RECORD.to_wire(), "addresses": {"p": ["127.0.0.2"]}},
         {**RECORD.to_wire(), "addresses": {"p": ["127.0.0.2", "port"]}},
+        {**RECORD.to_wire(), "checkpoint": {"epoch": 3}},
+        {**RECORD.to_wire(), "checkpoint": {**COMMIT, "epoch": "3"}},
+        {**RECORD.to_wire(), "checkpoint": {**COMMIT, "states": [{"peer": "p"}]}},
+        {**RECORD.to_wire(), "checkpoint": {**COMMIT, "states": [{**STATE, "holders": [["q"]]}]}},
     ],
     ids=[
         "none",
@@ -411,6 +433,10 @@ def test_an_app_record_survives_its_wire_form() -> None:
         "final-list",
         "address-short",
         "port-text",
+        "commit-partial",
+        "commit-epoch-text",
+        "commit-state-partial",
+        "commit-holder-short",
     ],
 )
 def test_a_malformed_app_record_is_a_typed_error(raw: Any) -> None:

@@ -1,0 +1,36 @@
+"""A peer's background jobs (reports to schedulers, reactions to deaths, manifests)
+are supervised: one that raises is logged and counted, and the peer goes on serving.
+Before, they ran bare in the peer's root task group, where any exception other than
+the project's own cancelled the whole peer."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from agiledart.overlay.auth import ClusterKey
+from agiledart.peer import Peer, PeerConfig
+from agiledart.runtime.links import Links
+
+KEY = ClusterKey.from_material("test-cluster-key-0123456789")
+
+
+async def test_a_background_job_that_raises_never_ends_the_peer(tmp_path: Path) -> None:
+    config = PeerConfig(listen=("127.0.0.1", 0), state_dir=tmp_path, workers=0, name="p")
+    async with Peer(config, KEY) as peer:
+
+        async def malformed_record() -> None:
+            raise KeyError("a field the record should have had")
+
+        peer.runtime._background(malformed_record())
+        for _ in range(500):  # 5 s at most: a broken build must not hang
+            if peer.runtime.dropped["background_errors"]:
+                break
+            await asyncio.sleep(0.01)
+        assert peer.runtime.dropped["background_errors"] == 1
+        links = Links(KEY, "cli")
+        try:
+            ring = await links.request(peer.address, "ring", {}, timeout=10)
+        finally:
+            await links.aclose()
+        assert ring["self"] == "p"
