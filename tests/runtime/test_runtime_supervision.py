@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from agiledart.overlay.auth import ClusterKey
 from agiledart.peer import Peer, PeerConfig
 from agiledart.runtime.links import Links
@@ -34,3 +36,38 @@ async def test_a_background_job_that_raises_never_ends_the_peer(tmp_path: Path) 
         finally:
             await links.aclose()
         assert ring["self"] == "p"
+
+
+SPEC = {
+    "name": "half",
+    "sources": [
+        {
+            "id": "src",
+            "peer": "p",
+            "connector": "generator",
+            "params": {"dataset": "counter", "count": 10, "rate": 10},
+        }
+    ],
+    "sinks": [{"id": "out", "peer": "p", "connector": "discard", "inputs": ["src"]}],
+}
+
+
+async def test_a_submit_that_breaks_half_way_leaves_no_app_deploying(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = PeerConfig(listen=("127.0.0.1", 0), state_dir=tmp_path, workers=0, name="p")
+    async with Peer(config, KEY) as peer:
+        scheduler = peer.runtime.scheduler
+
+        async def broken_index(key: int, *members: object) -> None:
+            raise RuntimeError("the index store broke")
+
+        monkeypatch.setattr(scheduler.records, "add", broken_index)
+        with pytest.raises(RuntimeError, match="index store broke"):
+            await scheduler.submit(SPEC)
+        (rec,) = scheduler.apps.values()
+        assert rec.state == "failed"
+        assert "index store broke" in (rec.error or "")
+        assert peer.zoning is None or peer.zoning.held() == 0  # not counted against the cap
+        stored = await scheduler.record(rec.app_id)
+        assert stored.state == "failed"
