@@ -209,6 +209,12 @@ class LocalCluster:
         self.procs[i].kill()
         self.procs[i].wait()
 
+    def restart(self, i: int) -> None:
+        """``kill -9`` one peer and start it again at once, with its state directory
+        (a power cut, a crash under a supervisor that restarts it)."""
+        self.kill(i)
+        self.procs[i] = self.start(i)
+
     async def request(self, i: int, rpc: str, body: dict[str, Any], timeout: float = 5.0) -> Any:
         host, port = self.address(i)
         client = await FrameClient.connect(

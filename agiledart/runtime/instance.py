@@ -228,6 +228,7 @@ class OutEdge:
         self.stats = EdgeStatistics()
         self._credit = asyncio.Event()
         self._credit.set()
+        self._gone = False
         self._pending: list[Record] = []
         self._traces: list[list[Any]] = []
         self._lock = asyncio.Lock()
@@ -243,6 +244,16 @@ class OutEdge:
     def grant(self, n: int) -> None:
         self.window.grant(n)
         self._credit.set()
+
+    def gone(self) -> None:
+        """The destination answered that it does not run the app (it restarted and
+        lost its instances): no credit will ever come, the next send raises."""
+        self._gone = True
+        self._credit.set()
+
+    def _check_gone(self) -> None:
+        if self._gone:
+            raise PeerLost(self.dest, f"it no longer runs app {self.app_id} (restarted?)")
 
     async def send(self, records: list[Record], traces: list[TraceTag]) -> None:
         if not records:
@@ -283,6 +294,7 @@ class OutEdge:
         if not self.window.can_send():
             started = time.monotonic()
             while not self.window.can_send():
+                self._check_gone()
                 self.stats.credit_waits += 1
                 self._credit.clear()
                 await self._credit.wait()
@@ -324,6 +336,7 @@ class OutEdge:
             await self._send("bar", body)
 
     async def _send(self, type: str, body: dict[str, Any]) -> None:
+        self._check_gone()
         try:
             client = await self.links.client(self.address)
             await client.send(type, body)
@@ -1040,11 +1053,15 @@ class AppInstance:
         hosts = self.deployment.hosts[producer]
         return min(tracker.get(h, MIN_WATERMARK) for h in hosts)
 
-    def grant(self, edge_key: str, n: int) -> bool:
+    def grant(self, edge_key: str, n: int, *, gone: bool = False) -> bool:
+        """Credit for an edge; ``gone``: its destination no longer runs the app."""
         edge = self.edge_by_id.get(edge_key)
         if edge is None:
             return False
-        edge.grant(n)
+        if gone:
+            edge.gone()
+        else:
+            edge.grant(n)
         return True
 
     # -- segments ---------------------------------------------------------------------

@@ -68,6 +68,8 @@ __all__ = ["AppRecord", "PeerDirectory", "Scheduler", "SchedulerRole", "path_pee
 
 APPS_INDEX = record_key("index", "apps")
 LIVE_STATES = ("deploying", "running")
+#: seconds a dead source's or sink's peer is waited for (see Scheduler.recover)
+PINNED_GRACE_S = 20.0
 #: ended apps (finished, failed, stopped) a scheduler keeps in memory, the newest; it
 #: reads older ones back from the DHT when asked about them
 ENDED_KEPT = 256
@@ -230,6 +232,9 @@ class Scheduler:
         #: holders of committed epochs whose older fragments are not dropped yet (the
         #: record naming a newer epoch could not be stored)
         self._unsaved_holders: dict[str, set[Address]] = {}
+        #: how long the peer of a source or sink that died is waited for before its
+        #: apps fail (it keeps its part if it restarts meanwhile)
+        self.pinned_grace_s = PINNED_GRACE_S
 
     # -- submit -----------------------------------------------------------------------
 
@@ -405,8 +410,7 @@ class Scheduler:
         )
         rec.state = "running"
         await self._save(rec)
-        if _checkpointing(spec) is not None and rec.app_id not in self._cp_loops:
-            self._cp_loops[rec.app_id] = asyncio.ensure_future(self._checkpoint_loop(rec.app_id))
+        self._follow_checkpoints(rec)
 
     async def _join_paths(
         self,
@@ -550,10 +554,18 @@ class Scheduler:
         rec = self.apps.get(app_id)
         if rec is None or rec.state not in LIVE_STATES or generation != rec.generation:
             return
-        if lost is not None and lost in rec.hosts() and not await self._answers(rec, lost):
-            # the instance could not reach a peer that is gone: recover, do not fail
-            self._spawn(self.recover(app_id, lost))
-            return
+        if lost is not None and lost not in rec.hosts():
+            return  # about a peer that no longer hosts it (recovered from meanwhile)
+        if lost is not None:
+            if not await self._answers(rec, lost):
+                # the instance could not reach a peer that is gone: recover, do not fail
+                self._spawn(self.recover(app_id, lost))
+                return
+            if not await self._runs(rec, lost):
+                # it answers but lost its instances: it restarted (a power cut, a crash
+                # and a supervisor faster than the failure detector); it keeps its part
+                self._spawn(self.recover(app_id, lost, restarted=True, generation=generation))
+                return
         await self._fail(rec, f"on {peer}: {error}")
 
     async def _fail(self, rec: AppRecord, error: str) -> None:
@@ -595,6 +607,11 @@ class Scheduler:
         if rec.state in LIVE_STATES:  # _save forgets it when the app ends
             self._specs[rec.app_id] = (rec.spec, spec)
         return spec
+
+    def _follow_checkpoints(self, rec: AppRecord) -> None:
+        """Start cutting epochs of ``rec`` if it checkpoints and nothing cuts them yet."""
+        if _checkpointing(self._spec_of(rec)) is not None and rec.app_id not in self._cp_loops:
+            self._cp_loops[rec.app_id] = asyncio.ensure_future(self._checkpoint_loop(rec.app_id))
 
     async def _checkpoint_loop(self, app_id: str) -> None:
         """Cut an epoch every ``interval_ms`` while the app lives: barriers into its
@@ -795,6 +812,33 @@ class Scheduler:
                 except AgiledartError as exc:
                     await self._fail(rec, f"recovery from the loss of {dead} failed: {exc}")
 
+    async def resume_own(self) -> None:
+        """This peer restarted: the live apps it scheduled before (their records name
+        it, no other peer adopted them meanwhile) are its again, and restart from their
+        last committed checkpoint where it hosted a part of them."""
+        ids = await self.records.get(record_key("scheduling", self.name))
+        for app_id in ids if isinstance(ids, list) else []:
+            if str(app_id) in self.apps:
+                continue
+            try:
+                rec = AppRecord.from_wire(await self.records.get(record_key("app", str(app_id))))
+            except AgiledartError as exc:
+                log.warning("cannot resume app %s: %s", app_id, exc)
+                continue
+            if rec.state not in LIVE_STATES or rec.scheduler_name != self.name:
+                continue
+            log.info("resuming app %s, scheduled here before this peer restarted", app_id)
+            rec.scheduler = self.address()
+            self.apps[rec.app_id] = rec
+            self._sinks_done[rec.app_id] = {}
+            async with self._recovering.setdefault(rec.app_id, asyncio.Lock()):
+                try:
+                    await self._restart_without(
+                        rec, self.name, time.monotonic(), restarted=self.name in rec.hosts()
+                    )
+                except AgiledartError as exc:
+                    await self._fail(rec, f"resuming after a restart failed: {exc}")
+
     def schedules(self, app_id: str) -> bool:
         """Whether this peer schedules ``app_id`` and it is live."""
         rec = self.apps.get(app_id)
@@ -827,9 +871,7 @@ class Scheduler:
             self._forget(rec.app_id)
             return
         await self._save(rec)
-        spec = self._spec_of(rec)
-        if _checkpointing(spec) is not None and rec.app_id not in self._cp_loops:
-            self._cp_loops[rec.app_id] = asyncio.ensure_future(self._checkpoint_loop(rec.app_id))
+        self._follow_checkpoints(rec)
 
     async def answers(self, rec: AppRecord, peer: str) -> bool:
         """Whether ``peer``, a host of ``rec``, answers a ``ring`` request now."""
@@ -845,37 +887,77 @@ class Scheduler:
             return False
         return True
 
-    async def recover(self, app_id: str, dead: str) -> None:
+    async def _runs(self, rec: AppRecord, peer: str) -> bool:
+        """Whether ``peer`` (which answers) still runs its instances of ``rec``."""
+        address = rec.addresses.get(peer)
+        if address is None:
+            return False
+        body = {"app_id": rec.app_id}
+        try:
+            stats = await self.links.request(_addr(rec, peer), "app_stats", body, timeout=5.0)
+        except OverlayError:
+            return True  # not known to be gone: the failure stands
+        return stats is not None
+
+    async def recover(
+        self, app_id: str, dead: str, *, restarted: bool = False, generation: int | None = None
+    ) -> None:
         """Move what ``dead`` hosted to the live peer closest to its id and restart the
         app from its sources' beginning on every host (the paper's policy for apps
         without checkpoints): file sinks start over, so the output is exactly that of
-        a run without the failure. A dead source or sink peer fails the app: its data
-        or its consumer is gone with it."""
+        a run without the failure. A peer that ``restarted`` (it answers, but lost its
+        instances) keeps what it hosted. A source's or sink's peer is waited for
+        (:attr:`pinned_grace_s`: a device reboots after a power cut): it keeps its part
+        if it comes back, else the app fails, its data or its consumer gone with it."""
         lock = self._recovering.setdefault(app_id, asyncio.Lock())
         async with lock:
             rec = self.apps.get(app_id)
             if rec is None or rec.state not in LIVE_STATES or dead not in rec.hosts():
                 return  # done already, or nothing of it there
+            if generation is not None and generation != rec.generation:
+                return  # a restart reported of a generation recovered from meanwhile
             started = time.monotonic()
-            if dead in rec.sources.values() or dead in rec.sinks.values():
-                await self._fail(rec, f"peer {dead}, which hosts a source or sink, died")
-                return
+            pinned = dead in rec.sources.values() or dead in rec.sinks.values()
+            if pinned and not restarted:
+                restarted = await self._comes_back(rec, dead)
+                if not restarted:
+                    await self._fail(
+                        rec,
+                        f"peer {dead}, which hosts a source or sink, died (not back "
+                        f"within {self.pinned_grace_s:g} s)",
+                    )
+                    return
             try:
-                await self._restart_without(rec, dead, started)
+                await self._restart_without(rec, dead, started, restarted=restarted)
             except AgiledartError as exc:
                 log.warning("recovery of %s from the loss of %s failed: %s", app_id, dead, exc)
                 await self._fail(rec, f"recovery from the loss of {dead} failed: {exc}")
 
-    async def _restart_without(self, rec: AppRecord, dead: str, started: float) -> None:
+    async def _comes_back(self, rec: AppRecord, peer: str) -> bool:
+        """Whether ``peer`` answers again within :attr:`pinned_grace_s`."""
+        deadline = time.monotonic() + self.pinned_grace_s
+        while time.monotonic() < deadline:
+            if await self._answers(rec, peer):
+                log.info("app %s: %s is back; it keeps its part", rec.app_id, peer)
+                return True
+            await asyncio.sleep(1.0)
+        return False
+
+    async def _restart_without(
+        self, rec: AppRecord, dead: str, started: float, *, restarted: bool = False
+    ) -> None:
         """Roll the whole app back: to its last committed checkpoint when it has one
         (states restored from their fragments, sources replayed from their offsets,
         file sinks cut back to their committed size), else to its beginning. What
         ``dead`` hosted, and any other host that no longer answers (several may die at
-        once), moves to the live peer closest to the dead one's id."""
+        once), moves to the live peer closest to the dead one's id; a ``restarted``
+        peer keeps its part."""
         spec = self._spec_of(rec)
         others = sorted(p for p in rec.hosts() if p not in (dead, self.name))
         answers = await asyncio.gather(*(self._answers(rec, p) for p in others))
-        gone = {dead} | {p for p, ok in zip(others, answers, strict=True) if not ok}
+        gone = {p for p, ok in zip(others, answers, strict=True) if not ok}
+        if not restarted:
+            gone.add(dead)
         pinned = sorted(gone & (set(rec.sources.values()) | set(rec.sinks.values())))
         if pinned:
             msg = f"peer {pinned[0]}, which hosts a source or sink, died"
@@ -908,12 +990,14 @@ class Scheduler:
         await self._install(rec, spec, hosts, addresses, order, restore=plan)
         seconds = round(time.monotonic() - started, 3)
         epoch = 0 if plan is None else int(plan["epoch"])
-        for lost, by in sorted(moved.items()):
+        events = {**moved, dead: dead} if restarted else moved
+        for lost, by in sorted(events.items()):
             rec.recoveries.append(
                 {
                     "dead": lost,
                     "by": self.name,
                     "takeover": by,
+                    "restarted": lost == by,
                     "mode": "restart" if plan is None else "checkpoint",
                     "epoch": epoch,
                     "at": time.time(),

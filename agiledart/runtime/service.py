@@ -23,6 +23,7 @@ and go), so schedulers anywhere can resolve the peers an app names.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -237,6 +238,7 @@ class AppRuntime:
 
     async def _publish_loop(self, joined: asyncio.Event) -> None:
         await joined.wait()
+        self._background(self._after_restart())
         while True:
             value = {
                 "node_id": f"{self.overlay.node_id:040x}",
@@ -542,6 +544,39 @@ class AppRuntime:
                 return
         await job
 
+    async def _after_restart(self) -> None:
+        """What this peer ran before it (re)started is gone with its process: the apps
+        it scheduled resume from here, and the schedulers of the apps it hosted are
+        told, so that they restart them (from their last checkpoint) with this peer
+        keeping its part, instead of waiting for data it will never send or take."""
+        await self.scheduler.resume_own()
+        try:
+            manifest = await self.records.get(record_key("hosting", self.name))
+        except AgiledartError as exc:
+            log.debug("no hosting manifest of this peer: %s", exc)
+            return
+        apps = manifest.get("apps") if isinstance(manifest, dict) else None
+        for app_id in apps if isinstance(apps, list) else []:
+            if str(app_id) in self.instances:
+                continue  # deployed here again meanwhile
+            try:
+                rec = await self.scheduler.record(str(app_id))
+            except AgiledartError:
+                continue
+            if rec.state not in ("deploying", "running") or rec.scheduler_name == self.name:
+                continue
+            log.info("app %s ran here before this peer restarted: telling its scheduler", app_id)
+            body = {
+                "app_id": rec.app_id,
+                "error": f"{self.name} restarted",
+                "lost": self.name,
+                "generation": rec.generation,
+            }
+            try:
+                await self.links.request(rec.scheduler, "app_failed", body, timeout=10.0)
+            except OverlayError as exc:
+                log.warning("scheduler of %s not told of this restart: %s", rec.app_id, exc)
+
     async def _report_hosted(self, dead: str) -> None:
         """Tell the scheduler of every app ``dead`` hosted (its hosting manifest, kept
         in the DHT) that it died: a scheduler far away in the ring does not see it."""
@@ -626,6 +661,11 @@ class AppRuntime:
         inst = self.instances.get(app_id)
         if inst is None:
             self.dropped["data_unknown_app"] += 1
+            # the sender would wait for a credit for ever: tell it this peer does not
+            # run the app (it restarted since deployment, or the app ended here)
+            body = {"a": app_id, "e": batch["e"], "n": 0, "g": msg.get("g", 0), "gone": True}
+            with contextlib.suppress(OverlayError):
+                await conn.send("credit", body)
             return
         if msg.get("g", 0) != inst.generation:  # sent before a recovery
             self.dropped["data_stale"] += 1
@@ -731,7 +771,9 @@ class AppRuntime:
         inst = self.instances.get(app_id)
         if inst is not None and msg.get("g", 0) != inst.generation:
             self.dropped["data_stale"] += 1
-        elif inst is None or not inst.grant(f"{edge}>{conn.peer_name}", n):
+        elif inst is None or not inst.grant(
+            f"{edge}>{conn.peer_name}", n, gone=msg.get("gone") is True
+        ):
             self.dropped["credit_unknown_edge"] += 1
 
 
