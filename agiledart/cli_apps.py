@@ -67,7 +67,15 @@ def add_parsers(
     )
     p.set_defaults(func=lambda a: _submit(a, call, run), timeout=60.0)
 
-    p = command("apps", "list the apps", "List every app the cluster knows, with its state.")
+    p = command(
+        "apps",
+        "list the apps",
+        "List the apps submitted in the last days (UTC), newest first, with their state.",
+    )
+    p.add_argument("--days", type=_days, default=7, help="how many days back to list (default: 7)")
+    p.add_argument(
+        "--limit", type=_positive, default=500, help="list at most this many (default: 500)"
+    )
     p.set_defaults(func=lambda a: _apps(a, call, run))
 
     p = command(
@@ -160,14 +168,34 @@ async def _wait(args: argparse.Namespace, call: Call, app_id: str) -> dict[str, 
         await asyncio.sleep(0.5)
 
 
+def _days(text: str) -> int:
+    days = _positive(text)
+    if days > 366:
+        msg = "at most 366 days"
+        raise argparse.ArgumentTypeError(msg)
+    return days
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        msg = f"{text!r} is not a positive whole number"
+        raise argparse.ArgumentTypeError(msg)
+    return n
+
+
 def _apps(args: argparse.Namespace, call: Call, run: Callable[[Any], Any]) -> int:
-    res = run(call(args, "apps", {}))
+    res = run(call(args, "apps", {"days": args.days, "limit": args.limit}))
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
     if not res:
-        print("no apps")
+        print(f"no apps in the last {args.days} day(s)")
         return 0
+    print(f"{'APP':32} {'STATE':10} {'SCHEDULER':16} SUBMITTED")
     for a in res:
         when = time.strftime("%H:%M:%S", time.localtime(a.get("submitted_at") or 0))
         print(f"{a['app_id']:32} {a['state']:10} {a.get('scheduler', '?'):16} {when}")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import datetime
 import logging
 import secrets
 import time
@@ -66,7 +67,20 @@ log = logging.getLogger(__name__)
 
 __all__ = ["AppRecord", "PeerDirectory", "Scheduler", "SchedulerRole", "path_peer_infos"]
 
-APPS_INDEX = record_key("index", "apps")
+#: days of the apps index ``apps`` reads by default, and apps it lists at most
+APPS_DAYS, APPS_LIMIT = 7, 500
+
+
+def apps_index(day: datetime.date) -> int:
+    """The key of the apps submitted on ``day`` (UTC): one set per day, so that no
+    index grows without bound and ``apps`` reads only the days it is asked for."""
+    return record_key("index", f"apps:{day.isoformat()}")
+
+
+def utc_day(t: float) -> datetime.date:
+    return datetime.datetime.fromtimestamp(t, tz=datetime.UTC).date()
+
+
 LIVE_STATES = ("deploying", "running")
 #: seconds a dead source's or sink's peer is waited for (see Scheduler.recover)
 PINNED_GRACE_S = 20.0
@@ -323,7 +337,7 @@ class Scheduler:
         self._sinks_done[app_id] = {}
         try:
             await self._save(rec)
-            await self.records.add(APPS_INDEX, app_id)
+            await self.records.add(apps_index(utc_day(rec.submitted_at)), app_id)
             await self.records.add(record_key("scheduling", self.name), app_id)
             await self._deploy(rec, spec, where)
         except (Exception, asyncio.CancelledError) as exc:
@@ -1247,15 +1261,24 @@ class Scheduler:
             await self._undeploy(rec)  # ended already: whatever is left of it goes
         return rec
 
-    async def list_apps(self) -> list[dict[str, Any]]:
-        ids = await self.records.get(APPS_INDEX)
-        ids = ids if isinstance(ids, list) else []
-        limit = asyncio.Semaphore(32)  # thousands of apps: a few dozen lookups at a time
+    async def list_apps(
+        self, *, days: int = APPS_DAYS, limit: int = APPS_LIMIT
+    ) -> list[dict[str, Any]]:
+        """The apps submitted in the last ``days`` days (UTC), newest first, at most
+        ``limit`` of them; each record is read from the DHT (this peer's own from memory)."""
+        today = utc_day(time.time())
+        keys = [apps_index(today - datetime.timedelta(days=d)) for d in range(days)]
+        indices = await asyncio.gather(*(self.records.get(k) for k in keys))
+        ids: list[Any] = []
+        for index in indices:  # newest day first, newest app first within a day
+            ids.extend(reversed(index) if isinstance(index, list) else ())
+        ids = list(dict.fromkeys(ids))[:limit]
+        limiter = asyncio.Semaphore(32)  # thousands of apps: a few dozen lookups at a time
 
         async def get(app_id: Any) -> Any:
             if str(app_id) in self.apps:
                 return None  # ours: the record is in memory
-            async with limit:
+            async with limiter:
                 return await self.records.get(record_key("app", str(app_id)))
 
         recs = await asyncio.gather(*(get(i) for i in ids), return_exceptions=True)

@@ -48,7 +48,7 @@ from agiledart.runtime.links import Address, Links
 from agiledart.runtime.metrics import Buckets
 from agiledart.runtime.mqtt import BrokerPool
 from agiledart.runtime.records import Records, record_key
-from agiledart.runtime.scheduler import Scheduler
+from agiledart.runtime.scheduler import APPS_DAYS, APPS_LIMIT, Scheduler
 from agiledart.traces import NullTraceWriter
 from agiledart.traces.writer import TraceWriter
 
@@ -312,7 +312,11 @@ class AppRuntime:
         }
 
     async def _apps(self, req: dict[str, Any], conn: ConnectionInfo) -> list[dict[str, Any]]:
-        return await self.scheduler.list_apps()
+        days, limit = req.get("days", APPS_DAYS), req.get("limit", APPS_LIMIT)
+        if type(days) is not int or type(limit) is not int or not 1 <= days <= 366 or limit < 1:
+            msg = "apps takes 'days' (1 to 366) and 'limit' (at least 1), integers"
+            raise MalformedError(msg)
+        return await self.scheduler.list_apps(days=days, limit=limit)
 
     async def _status(self, req: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:
         return await self.scheduler.status(_app_id(req))
