@@ -244,6 +244,12 @@ def _print_status(s: dict[str, Any]) -> None:
                     f"health {last.get('health')}, last decision {last.get('action')}"
                     + ("" if last.get("enabled") else " (scaling not enabled)")
                 )
+    for op, problem in (s.get("problems") or {}).items():
+        print(f"  operator {op}: {problem.get('errors')} record(s) dropped by errors")
+        for e in problem.get("recent", []):
+            where = f" on {e['peer']}" if e.get("peer") else ""
+            record = f", e.g. record {e['record']}" if e.get("record") else ""
+            print(f"    {e.get('count', 1)} x {e.get('type')}: {e.get('message')}{where}{record}")
     if s.get("checkpoints") or s.get("checkpoint_failures"):
         failed = s.get("checkpoint_failures", 0)
         print(

@@ -26,6 +26,7 @@ from agiledart.app.schema import (
 from agiledart.app.spec import (
     MAX_PANES_PER_WINDOW,
     MAX_WINDOWS_PER_RECORD,
+    ON_ERROR_POLICIES,
     OPERATOR_KINDS,
     SINK_CONNECTORS,
     SOURCE_CONNECTORS,
@@ -190,7 +191,9 @@ class NodeParser:
 
     def operator(self, i: int, raw: Any) -> OperatorSpec:
         path = f"operators[{i}]"
-        d = self.node(path, raw, "operator", ("id", "op", "fn", "params", "inputs", "peer"))
+        d = self.node(
+            path, raw, "operator", ("id", "op", "fn", "params", "inputs", "peer", "on_error")
+        )
         if d is None:
             return OperatorSpec(id="", op="", inputs=())
         pinned = None if d.get("peer") is None else self.peer(f"{path}.peer", d.get("peer"))
@@ -215,7 +218,16 @@ class NodeParser:
         else:
             arity = (1, 1)
         inputs = self.input_list(path, d, op or "operator", at_least=arity[0], at_most=arity[1])
+        on_error = d.get("on_error", "count")
+        if on_error not in ON_ERROR_POLICIES:
+            hint = did_you_mean(str(on_error), ON_ERROR_POLICIES)
+            self.add(
+                f"{path}.on_error",
+                f"unknown policy {on_error!r}{hint}; choose one of {', '.join(ON_ERROR_POLICIES)}",
+            )
+            on_error = "count"
         return OperatorSpec(
+            on_error=str(on_error),
             id=str(d.get("id")),
             op=op,
             fn=fn if isinstance(fn, str) else None,

@@ -63,6 +63,8 @@ DATASETS = ("urban", "taxi", "words", "counter")
 PLACEMENTS = ("join-routing", "rtr", "rtr-rp", "cloud-only", "lb", "random")
 DEFAULT_PLACEMENT = "join-routing"
 CHECKPOINT_MODES = ("auto", "restart", "erasure", "replication")
+#: an operator's ``on_error`` policies
+ON_ERROR_POLICIES = ("count", "fail")
 #: Sliding windows: at most this many windows hold one record (size_ms / slide_ms) ...
 MAX_WINDOWS_PER_RECORD = 1000
 #: ... and at most this many panes of gcd(size_ms, slide_ms) make one window.
@@ -118,6 +120,9 @@ class OperatorSpec:
     params: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
     #: pins the operator to this peer (optional; placement decides otherwise)
     peer: str | None = None
+    #: what a record that makes the operator raise does: ``count`` (dropped, counted
+    #: and shown in status with the record) or ``fail`` (the app fails, naming it)
+    on_error: str = "count"
 
     @property
     def stateful(self) -> bool:
@@ -131,6 +136,8 @@ class OperatorSpec:
         d["inputs"] = list(self.inputs)
         if self.peer is not None:
             d["peer"] = self.peer
+        if self.on_error != "count":
+            d["on_error"] = self.on_error
         return d
 
 

@@ -72,7 +72,7 @@ class Aggregate(Operator):
                 acc[k] = c
                 append({"key": k, "value": c, "ts": ts})
             except (KeyError, TypeError) as e:
-                self._bad(e)
+                self._bad(e, r)
 
     def _sum(self, records: list[Record], out: list[Record]) -> None:
         acc, key, field, append = self._acc, self.key, self.field, out.append
@@ -87,7 +87,7 @@ class Aggregate(Operator):
                 acc[k] = s
                 append({"key": k, "value": s, "ts": ts})
             except (KeyError, TypeError) as e:
-                self._bad(e)
+                self._bad(e, r)
 
     def _mean(self, records: list[Record], out: list[Record]) -> None:
         acc, key, field, append = self._acc, self.key, self.field, out.append
@@ -105,7 +105,7 @@ class Aggregate(Operator):
                 sn[1] += 1
                 append({"key": k, "value": sn[0] / sn[1], "ts": ts})
             except (KeyError, TypeError) as e:
-                self._bad(e)
+                self._bad(e, r)
 
     def _minmax(self, records: list[Record], out: list[Record]) -> None:
         acc, key, field, append = self._acc, self.key, self.field, out.append
@@ -122,7 +122,7 @@ class Aggregate(Operator):
                     acc[k] = cur = v
                 append({"key": k, "value": cur, "ts": ts})
             except (KeyError, TypeError) as e:
-                self._bad(e)
+                self._bad(e, r)
 
     def _state(self) -> Any:
         return list(self._acc.items())

@@ -26,7 +26,7 @@ are counted in ``stats.errors`` and dropped; they never stop the operator.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 import msgpack
@@ -62,6 +62,12 @@ def order_key(key: Any) -> tuple[int, Any, str]:
     return (3, 0, repr(key))
 
 
+#: distinct errors an operator keeps (type and message), with a record that caused each
+RECENT_ERRORS = 5
+#: characters of the offending record kept with an error
+RECORD_CHARS = 300
+
+
 @dataclass(slots=True)
 class OperatorStats:
     records_in: int = 0
@@ -69,9 +75,22 @@ class OperatorStats:
     late: int = 0  # dropped: behind the watermark
     errors: int = 0  # dropped: missing field, bad value, function raised
     last_error: str = ""
+    #: the last :data:`RECENT_ERRORS` distinct errors, oldest first: ``{"type",
+    #: "message", "record", "count"}`` (``record``: the first that raised it, as text)
+    recent_errors: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def note_error(self, error: dict[str, Any]) -> None:
+        """Count ``error`` among the recent ones (merged with an equal type and message)."""
+        recent = self.recent_errors
+        for known in recent:
+            if known["type"] == error["type"] and known["message"] == error["message"]:
+                known["count"] = int(known.get("count", 1)) + int(error.get("count", 1))
+                return
+        recent.append(dict(error))
+        del recent[:-RECENT_ERRORS]
 
 
 class Operator:
@@ -148,9 +167,20 @@ class Operator:
 
     # --- errors ----------------------------------------------------------------------
 
-    def _bad(self, exc: BaseException) -> None:
-        self.stats.errors += 1
-        self.stats.last_error = f"{type(exc).__name__}: {exc}"
+    def _bad(self, exc: BaseException, record: Any = None) -> None:
+        """``record`` (when known) was dropped because of ``exc``: counted, and kept
+        among the recent errors with the record, for ``status`` to show."""
+        st = self.stats
+        st.errors += 1
+        st.last_error = f"{type(exc).__name__}: {exc}"
+        st.note_error(
+            {
+                "type": type(exc).__name__,
+                "message": str(exc)[:RECORD_CHARS],
+                "record": None if record is None else repr(record)[:RECORD_CHARS],
+                "count": 1,
+            }
+        )
 
     # --- snapshots -------------------------------------------------------------------
 

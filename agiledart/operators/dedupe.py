@@ -59,7 +59,7 @@ class Dedupe(Operator):
                 heapq.heappush(self._expiry, (ts + ttl, self._seq, k))
                 out.append(r)
             except (KeyError, TypeError) as e:
-                self._bad(e)
+                self._bad(e, r)
         st = self.stats
         st.records_in += len(records)
         st.records_out += len(out)

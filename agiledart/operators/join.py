@@ -59,7 +59,7 @@ class Join(Operator):
                     sides = win[k] = ([], [])
                 sides[input_index].append(r)
             except (KeyError, TypeError) as e:
-                self._bad(e)
+                self._bad(e, r)
         self.stats.records_in += len(records)
         self.stats.late += late
         return []

@@ -43,7 +43,7 @@ class Map(Operator):
                 try:
                     out.append(f(r))
                 except USER_ERRORS as e:
-                    self._bad(e)
+                    self._bad(e, r)
         st = self.stats
         st.records_in += len(records)
         st.records_out += len(out)
@@ -70,7 +70,7 @@ class Filter(Operator):
                     if f(r):
                         out.append(r)
                 except USER_ERRORS as e:
-                    self._bad(e)
+                    self._bad(e, r)
         st = self.stats
         st.records_in += len(records)
         st.records_out += len(out)
@@ -96,7 +96,7 @@ class FlatMap(Operator):
                 try:
                     out.extend(list(f(r)))
                 except USER_ERRORS as e:
-                    self._bad(e)
+                    self._bad(e, r)
         st = self.stats
         st.records_in += len(records)
         st.records_out += len(out)
@@ -143,7 +143,7 @@ class KeyBy(Operator):
                 try:
                     out.append(dict(r, key=f(r)))
                 except USER_ERRORS as e:
-                    self._bad(e)
+                    self._bad(e, r)
         st = self.stats
         st.records_in += len(records)
         st.records_out += len(out)

@@ -76,7 +76,7 @@ class TopK(Operator):
                     del cands[self.k :]
                     cutoffs[s] = cands[-1][0][0]
             except (KeyError, TypeError) as e:
-                self._bad(e)
+                self._bad(e, r)
         self.stats.records_in += len(records)
         self.stats.late += late
         return []

@@ -119,7 +119,7 @@ class Window(Operator):
                 elif (v < cur) if mode == _MIN else (v > cur):
                     pane[k] = v
             except (KeyError, TypeError) as e:
-                self._bad(e)
+                self._bad(e, r)
         st = self.stats
         st.records_in += len(records)
         st.late += late

@@ -57,7 +57,7 @@ from agiledart.app.local import Emission, Executor
 from agiledart.app.spec import AppSpec
 from agiledart.dataplane import CreditWindow, KeyPartitioner
 from agiledart.operators import BoundedOutOfOrderness
-from agiledart.operators.base import FINAL_WATERMARK, MIN_WATERMARK, Record
+from agiledart.operators.base import FINAL_WATERMARK, MIN_WATERMARK, OperatorStats, Record
 from agiledart.overlay.errors import MalformedError, OverlayError
 from agiledart.runtime.checkpoints import CheckpointError, Holder, Uplink, fit_code, load, save
 from agiledart.runtime.code import code_ids_in
@@ -1067,6 +1067,7 @@ class AppInstance:
     # -- segments ---------------------------------------------------------------------
 
     async def _segment_loop(self, seg: Segment) -> None:
+        strict = [o for o in seg.ops if self.spec.operator(o).on_error == "fail"]
         while True:
             while not seg.inbox and seg.resize_to is None:
                 seg.wake.clear()
@@ -1110,6 +1111,8 @@ class AppInstance:
                         start - item.queued_at,
                         worker_wait_s=unit.wait_s,
                     )
+                    if strict:
+                        _fail_on_error(seg, strict)
                     await self._forward(emitted, item.traces if first == 0 else [])
                 if done and item.wm_after is not None:
                     await self._watermark(seg, item, item.wm_after, item.wall_after)
@@ -1352,8 +1355,11 @@ class AppInstance:
             load = seg.meter.reading(now).as_dict()  # shared by the group's operators
             last = self.elastic.last.get("+".join(seg.ops))
             for name in seg.executor.operators:
+                counters = _seg_op_stats(seg, name)
+                for error in counters.get("recent_errors", ()):
+                    error["peer"] = self.me
                 ops[name] = {
-                    **_seg_op_stats(seg, name),
+                    **counters,
                     "instances": seg.replicas,
                     "health": None if last is None else last["health"],
                     "queued": seg.pending,
@@ -1404,16 +1410,39 @@ def _leaves(eg: BaseExceptionGroup[Exception]) -> list[Exception]:
     return out
 
 
+def _fail_on_error(seg: Segment, ops: list[str]) -> None:
+    """ExecutionError, naming the error and its record, if one of ``ops`` (whose
+    ``on_error`` is ``fail``) dropped a record."""
+    for name in ops:
+        for unit in seg.units:
+            st = unit.executor.operators[name].stats
+            if st.errors:
+                e = st.recent_errors[0] if st.recent_errors else {}
+                record = f" on record {e['record']}" if e.get("record") else ""
+                msg = (
+                    f"operator {name} raised {e.get('type', 'an error')}: "
+                    f"{e.get('message', st.last_error)}{record} (on_error: fail)"
+                )
+                raise ExecutionError(msg)
+
+
 def _op_stats(op: Any) -> dict[str, Any]:
     return {k: v for k, v in op.stats.as_dict().items() if isinstance(v, int | float)}
 
 
 def _seg_op_stats(seg: Segment, name: str) -> dict[str, Any]:
-    """Counters of operator ``name`` over the segment's replicas, gone ones included."""
-    total = dict(seg.retired.get(name, {}))
+    """Counters of operator ``name`` over the segment's replicas, gone ones included,
+    and its recent distinct errors."""
+    total: dict[str, Any] = dict(seg.retired.get(name, {}))
+    merged = OperatorStats()
     for unit in seg.units:
-        for k, v in _op_stats(unit.executor.operators[name]).items():
+        op = unit.executor.operators[name]
+        for k, v in _op_stats(op).items():
             total[k] = total.get(k, 0) + v
+        for error in op.stats.recent_errors:
+            merged.note_error(error)
+    if merged.recent_errors:
+        total["recent_errors"] = merged.recent_errors
     return total
 
 

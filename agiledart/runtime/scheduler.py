@@ -43,6 +43,7 @@ from agiledart.app.graph import chains, topological_order
 from agiledart.app.parse import Overrides, parse_spec
 from agiledart.app.spec import AppSpec
 from agiledart.errors import AgiledartError
+from agiledart.operators.base import RECENT_ERRORS
 from agiledart.overlay.errors import OverlayError
 from agiledart.placement import (
     DEFAULT_SLOT_LIMIT,
@@ -1428,6 +1429,7 @@ def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
         sources.update(peer_stats.get("sources", {}))
         sinks.update(peer_stats.get("sinks", {}))
         operators.update(peer_stats.get("operators", {}))
+    problems = _problems(stats)
     emitted = sum(s.get("emitted", 0) for s in sources.values())
     # recent end-to-end latencies of every sink, merged (then dropped from the peers' part)
     recent = sorted(x for s in sinks.values() for x in s.get("latency_recent_ms", ()))
@@ -1451,6 +1453,7 @@ def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
             **{k: rec.checkpoint[k] for k in ("epoch", "bytes", "store_s", "cut_s", "at")},
             "waited_s": rec.checkpoint.get("waited_s", 0.0),  # older records lack it
         },
+        "problems": problems,
         "checkpoints": rec.checkpoints,
         "checkpoint_failures": rec.checkpoint_failures,
         "checkpoint_error": rec.checkpoint_error,
@@ -1462,7 +1465,8 @@ def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
             "delayed": sum(s.get("delayed", 0) for s in sources.values()),
             "shed": sum(s.get("shed", 0) for s in sources.values()),
             "late": sum(o.get("late", 0) for o in operators.values()),
-            "errors": sum(o.get("errors", 0) for o in [*operators.values(), *sinks.values()]),
+            "errors": sum(p["errors"] for p in problems.values())
+            + sum(s.get("errors", 0) for s in sinks.values()),
             "dropped": sum(s.get("dropped", 0) for s in sinks.values()),
             "source_rate": round(emitted / uptime, 1) if uptime > 0 else 0.0,
             "latency_p50_ms": quantile(recent, 0.5),
@@ -1471,6 +1475,27 @@ def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
         },
         "peers": _without_samples(stats),
     }
+
+
+def _problems(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per operator with errors, over every peer running it: how many records it
+    dropped, and its recent distinct errors (type, message, a record that raised it,
+    the peer, how often), the most frequent first."""
+    out: dict[str, dict[str, Any]] = {}
+    for peer_stats in stats.values():
+        if not isinstance(peer_stats, dict):
+            continue
+        for op, st in (peer_stats.get("operators") or {}).items():
+            errors = int(st.get("errors", 0)) if isinstance(st, dict) else 0
+            if not errors:
+                continue
+            view = out.setdefault(op, {"errors": 0, "recent": []})
+            view["errors"] += errors
+            view["recent"].extend(e for e in st.get("recent_errors", ()) if isinstance(e, dict))
+    for view in out.values():
+        view["recent"].sort(key=lambda e: -int(e.get("count", 1)))
+        del view["recent"][RECENT_ERRORS:]
+    return out
 
 
 def _scaling_view(stats: dict[str, Any]) -> dict[str, Any]:

@@ -284,6 +284,12 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], str, str]] = [
         "operators[1].params.when",
         "plain data",
     ),
+    (
+        "on_error policy",
+        lambda d: d["operators"][1].update(on_error="fial"),
+        "operators[1].on_error",
+        "did you mean 'fail'",
+    ),
 ]
 
 

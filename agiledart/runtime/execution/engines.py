@@ -194,6 +194,9 @@ def _add(stats: OperatorStats, delta: dict[str, Any]) -> None:
     stats.errors += int(delta.get("errors", 0))
     if delta.get("last_error"):
         stats.last_error = str(delta["last_error"])
+    for error in delta.get("recent_errors") or ():
+        if isinstance(error, dict) and {"type", "message"} <= set(error):
+            stats.note_error(error)
 
 
 class Engine:
