@@ -232,7 +232,8 @@ def _print_status(s: dict[str, Any]) -> None:
     for op, peers in s.get("placement", {}).items():
         print(f"  operator {op} @ {', '.join(peers)}")
     for sink, peer in s.get("sinks", {}).items():
-        print(f"  sink {sink} @ {peer}")
+        info = ((s.get("peers") or {}).get(peer) or {}).get("sinks", {}).get(sink) or {}
+        print(f"  sink {sink} @ {peer}" + (f": {info['path']}" if info.get("path") else ""))
     for path in s.get("paths", []):
         print(f"  path: {' -> '.join(path)}")
     for op, view in s.get("scaling", {}).items():
@@ -262,6 +263,20 @@ def _print_status(s: dict[str, Any]) -> None:
             f"  checkpoint {problem.get('epoch')} of {problem.get('instance')} failed: "
             f"{problem.get('error')}"
         )
+    for event in s.get("recoveries", []):
+        when = time.strftime("%H:%M:%S", time.localtime(event.get("at") or 0))
+        ops = ", ".join(event.get("operators") or []) or "its part"
+        what = (
+            f"{event.get('dead')} restarted at {when} and kept {ops}"
+            if event.get("restarted")
+            else f"{event.get('dead')} died at {when}; {event.get('takeover')} took over {ops}"
+        )
+        origin = (
+            f"from checkpoint epoch {event.get('epoch')}"
+            if event.get("mode") == "checkpoint"
+            else "from the sources' beginning"
+        )
+        print(f"  recovery: {what}, {origin}, in {event.get('seconds')} s")
     for event in s.get("rescales", []):
         print(
             f"  {event.get('action')} of {', '.join(event.get('operators', []))} from "

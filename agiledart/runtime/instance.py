@@ -41,6 +41,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import os
 import random
 import re
 import time
@@ -1339,7 +1340,7 @@ class AppInstance:
             "dropped": state.sink.stats.dropped,
             "errors": state.sink.stats.errors,
             "done": state.done,
-            "path": None if path is None else str(path),
+            "path": None if path is None else os.path.abspath(path),
             "latency_p50_ms": quantile(lat, 0.5),
             "latency_p99_ms": quantile(lat, 0.99),
             "latency_samples": len(lat),

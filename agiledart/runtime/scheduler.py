@@ -987,6 +987,10 @@ class Scheduler:
             moved[lost], addresses[takeover[0]] = takeover
             log.info("app %s: %s died; %s takes over", rec.app_id, lost, takeover[0])
         rec.addresses = {p: list(a) for p, a in addresses.items() if p in rec.hosts()}
+        hosted = {
+            lost: sorted(op for op, peers in rec.placement.items() if lost in peers)
+            for lost in [*moved, *([dead] if restarted else [])]
+        }
         await self._undeploy(rec)
         rec.placement = {
             op: list(dict.fromkeys(moved.get(p, p) for p in peers))
@@ -1012,6 +1016,7 @@ class Scheduler:
                     "dead": lost,
                     "by": self.name,
                     "takeover": by,
+                    "operators": hosted.get(lost, []),
                     "restarted": lost == by,
                     "mode": "restart" if plan is None else "checkpoint",
                     "epoch": epoch,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.apps import check_outputs, log_sizes
-from support.processes import formed_cluster
+from support.processes import cli, formed_cluster
 from test_recovery_kill import ERASURE, committed, finished, submit
 
 from agiledart.app import parse_spec
@@ -33,6 +33,7 @@ def site(tmp_path: Path) -> Iterator[LocalCluster]:
         yield cluster
 
 
+@pytest.mark.timeout(300)  # six peers, a restart and a 20 s grace on a loaded machine
 @pytest.mark.parametrize(
     ("restarted", "what"), [(EDGE_1, "the running count"), (SENSOR_1, "the source")]
 )
@@ -57,3 +58,13 @@ def test_a_peer_that_restarts_keeps_its_part_and_the_output_is_exact(
     # moment (its part then moves to a neighbour) or by its own word once back (it
     # keeps its part): either way, the output is exact
     check_outputs(site, spec, s, logs)
+    text = cli(site, "status", app_id, "--via", "{}:{}".format(*site.address(SENSOR_2))).stdout
+    assert f"  recovery: {name} " in text  # plain status says what happened, and where
+    assert (
+        events[0]["operators"]
+        == sorted(op for op, peers in s["placement"].items() if events[0]["takeover"] in peers)
+        or not events[0]["operators"]
+    )
+    sink_path = s["peers"]["gateway-1"]["sinks"]["out"]["path"]
+    assert Path(sink_path).is_absolute()
+    assert f"  sink out @ gateway-1: {sink_path}" in text
