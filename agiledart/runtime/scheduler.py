@@ -51,6 +51,7 @@ from agiledart.placement import (
     PlacementError,
     place,
 )
+from agiledart.runtime.checkpoints import forget, holders_of
 from agiledart.runtime.code import CodeStore, code_ids_in
 from agiledart.runtime.epochs import CHECKPOINT_RATE, Pacer
 from agiledart.runtime.errors import CodeError, DeployError, UnknownApp
@@ -536,6 +537,8 @@ class Scheduler:
             del self._ending[rec.app_id]
             ending.set()
         await self._undeploy(rec)
+        if rec.checkpoint:  # its fragments are of no use now (holders sweep what is missed)
+            self._spawn(forget(self.links, holders_of(rec.checkpoint), rec.app_id))
         return True
 
     # -- checkpoints (agiledart.runtime.epochs) ------------------------------------------
