@@ -12,7 +12,10 @@ import pytest
 import yaml
 from support.processes import cli, cli_json, formed_cluster
 
+from agiledart.app import parse_spec
 from agiledart.emulate import LocalCluster
+from agiledart.overlay.tcp import RemoteError
+from agiledart.runtime.instance import Deployment
 
 pytestmark = [pytest.mark.processes]
 
@@ -110,3 +113,41 @@ def test_inside_the_root_or_an_allowed_folder_the_app_runs(
 
 def file_sink(path: str) -> dict[str, Any]:
     return {"connector": "file", "params": {"path": path, "format": "jsonl"}}
+
+
+async def test_a_restore_over_lost_sink_output_is_refused_not_padded(
+    site: tuple[LocalCluster, Path],
+) -> None:
+    """A restored deployment whose sink file holds less than the checkpoint committed is
+    refused with the reason (the recovery fails the app with it), and no NUL is written."""
+    cluster, _ = site
+    app_id = "lost-output-1a2b3c"
+    spec = parse_spec(
+        yaml.safe_dump(
+            {
+                "name": "lost-output",
+                "sources": [{"id": "src", "peer": PEER, **GENERATOR}],
+                "operators": [
+                    {"id": "m", "op": "map", "fn": "builtin:identity", "inputs": ["src"]}
+                ],
+                "sinks": [{"id": "out", "peer": PEER, "inputs": ["m"], **file_sink("o.jsonl")}],
+            }
+        )
+    )
+    out = cluster.workdir / PEER / "output" / app_id / "o.jsonl"  # type: ignore[operator]
+    out.parent.mkdir(parents=True)
+    out.write_bytes(b'{"ts":1}\n')  # 9 bytes left of the 900 committed
+    deployment = Deployment(
+        app_id=app_id,
+        spec=spec,
+        hosts={n: (PEER,) for n in ("src", "m", "out")},
+        addresses={PEER: cluster.address(0)},
+        scheduler=cluster.address(0),
+        restore={"epoch": 3, "sinks": {"out": {"size": 900, "records": 50}}},
+    )
+    with pytest.raises(RemoteError) as info:
+        await cluster.request(0, "deploy", deployment.to_wire(), timeout=20.0)
+    assert info.value.error_type == "SinkOutputLost"
+    assert "holds 9 bytes, but the checkpoint to resume from committed 900" in str(info.value)
+    assert out.read_bytes() == b'{"ts":1}\n'
+    assert app_id not in (await cluster.request(0, "ring", {}))["apps"]
