@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support.processes import clusters, free_port
+from support.processes import clusters, free_port, poll
 
 from agiledart.emulate import LocalCluster
+from agiledart.site import dashboard_token
 from agiledart.site.service import metrics_host
 
 pytestmark = [pytest.mark.processes]
@@ -34,6 +35,7 @@ def peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluste
     token_file.write_text(TOKEN + "\n")
     port = free_port()
     args = ["--workers", "0", "--metrics-port", str(port), "--metrics-token-file", str(token_file)]
+    args += ["--dashboard-port", str(free_port()), "--show-dashboard-url"]
     with clusters(root) as make:
         cluster = make(1, args)
         wait_serving(cluster.address(0)[0], port)
@@ -102,6 +104,19 @@ def test_slow_connections_do_not_keep_a_scrape_out(peer: tuple[LocalCluster, int
         for s in slow:
             s.close()
     assert cluster.procs[0].poll() is None
+
+
+def test_the_dashboard_url_is_printed_once_on_request_never_logged(
+    peer: tuple[LocalCluster, int],
+) -> None:
+    cluster, _ = peer
+    log = cluster.workdir / f"{cluster.name(0)}.log"  # type: ignore[operator]
+    out = poll(lambda: "with its token" in (t := log.read_text()) and t, what="the banner")
+    token = dashboard_token(cluster.key)
+    lines = [line for line in out.splitlines() if token in line]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("dashboard URL with its token: http://127.0.0.1:")
+    assert "agiledart dashboard-url --via" in out  # the hint the log has instead
 
 
 def test_metrics_beyond_loopback_need_a_token(tmp_path: Path) -> None:
