@@ -223,10 +223,14 @@ class FragmentStore:
         return dropped
 
     async def sweep_loop(self, ended: Callable[[str], Awaitable[bool]], interval_s: float) -> None:
-        """:meth:`sweep` every ``interval_s``, forever (the peer's task group owns it)."""
+        """:meth:`sweep` every ``interval_s``, forever (the peer's task group owns it: a
+        failing sweep is logged and tried again at the next, never the peer's end)."""
         while True:
             await asyncio.sleep(interval_s)
-            await self.sweep(ended)
+            try:
+                await self.sweep(ended)
+            except Exception:
+                log.exception("sweeping the fragment store failed; trying again later")
 
     def held(self, app: str) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
