@@ -224,7 +224,20 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "--metrics-port",
         type=_port,
         metavar="P",
-        help="serve Prometheus metrics at http://LISTEN-HOST:P/metrics",
+        help="serve Prometheus metrics at http://METRICS-HOST:P/metrics",
+    )
+    p.add_argument(
+        "--metrics-host",
+        metavar="HOST",
+        help="address the metrics endpoint listens on (default: a loopback address, the "
+        "--listen host when it is one, else 127.0.0.1); beyond loopback it needs a token",
+    )
+    p.add_argument(
+        "--metrics-token-file",
+        type=Path,
+        metavar="F",
+        help="scrapers must send the token in F (its first line, 16+ characters) as "
+        "Authorization: Bearer (default: $AGILEDART_METRICS_TOKEN, else no token)",
     )
     p.add_argument(
         "--dashboard-port",
@@ -238,6 +251,35 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         default="127.0.0.1",
         metavar="HOST",
         help="address the dashboard listens on (default 127.0.0.1)",
+    )
+    p.add_argument(
+        "--show-dashboard-url",
+        action="store_true",
+        help="print the dashboard's URL with its token once to the console at start-up "
+        "(the log names the dashboard without its token)",
+    )
+    p.add_argument(
+        "--data-root",
+        type=Path,
+        metavar="DIR",
+        help="file sources read and file sinks write inside DIR only (sinks under "
+        "DIR/output/APP-ID/; default: the --state-dir)",
+    )
+    p.add_argument(
+        "--allow-path",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="also let file sources and sinks use DIR (repeatable)",
+    )
+    p.add_argument(
+        "--allow-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also let app specs read the environment variable NAME (password_env; "
+        "repeatable; names starting AGILEDART_SECRET_ are always readable)",
     )
     _add_key_options(p)
     p.set_defaults(func=_cmd_peer)
@@ -387,6 +429,8 @@ def _cmd_peer(args: argparse.Namespace) -> int:
         lachesis_policy=args.lachesis_policy,
         offload_us=args.offload_us,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        metrics_token_file=args.metrics_token_file,
         dashboard_port=args.dashboard_port,
         dashboard_host=args.dashboard_host,
         advertise=args.advertise,
@@ -395,6 +439,9 @@ def _cmd_peer(args: argparse.Namespace) -> int:
         checkpoint_rate=args.checkpoint_rate,
         scheduling=args.scheduling,
         master=args.master,
+        data_root=args.data_root,
+        allow_paths=tuple(args.allow_path),
+        allow_env=tuple(args.allow_env),
     )
     key = _key(args)
     if key.insecure:
@@ -412,6 +459,9 @@ def _cmd_peer(args: argparse.Namespace) -> int:
             print(f"peer {peer.name} listening on {peer.address[0]}:{peer.address[1]}", flush=True)
             for line in peer.site.banner() if peer.site is not None else ():
                 print(line, flush=True)
+            url = peer.site.dashboard_url() if peer.site is not None else None
+            if args.show_dashboard_url and url is not None:
+                print(f"dashboard URL with its token: {url}", flush=True)
             await peer.wait_stopped()
 
     _run(run())

@@ -31,6 +31,7 @@ from agiledart.overlay.errors import ConfigError
 from agiledart.overlay.node import Delivery, OverlayNode
 from agiledart.overlay.tcp import ConnectionInfo, FrameServer
 from agiledart.runtime.central import CentralMaster
+from agiledart.runtime.confine import DataPolicy
 from agiledart.runtime.epochs import CHECKPOINT_RATE
 from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.links import Links
@@ -60,7 +61,10 @@ class PeerConfig:
     turn: int = 50  #: tuples per scheduling turn, at most
     lachesis_policy: str = "qs"
     offload_us: float = 10.0  #: operators costing more per record go to the workers
-    metrics_port: int | None = None  #: Prometheus metrics on the listen host (agiledart.site)
+    metrics_port: int | None = None  #: Prometheus metrics (agiledart.site)
+    #: where metrics are served; None: a loopback address (agiledart.site.metrics_host)
+    metrics_host: str | None = None
+    metrics_token_file: Path | None = None  #: else $AGILEDART_METRICS_TOKEN, else none
     dashboard_port: int | None = None  #: the web dashboard (agiledart.site), off by default
     dashboard_host: str = "127.0.0.1"
     advertise: str | None = None
@@ -74,6 +78,12 @@ class PeerConfig:
     #: checkpoint epochs this peer's scheduler starts per second, at most
     checkpoint_rate: float = CHECKPOINT_RATE
     overlay: OverlayConfig = field(default_factory=OverlayConfig)
+    #: what app specs may reach on this peer (agiledart.runtime.confine): file sources
+    #: and sinks under the data root (None: the state dir) or an allowed folder, and the
+    #: environment variables named AGILEDART_SECRET_* or allowed here
+    data_root: Path | None = None
+    allow_paths: tuple[Path, ...] = ()
+    allow_env: tuple[str, ...] = ()
 
 
 class Peer:
@@ -110,6 +120,11 @@ class Peer:
             link_model=self.link_model,
             trace=self.trace,
             checkpoint_rate=config.checkpoint_rate,
+            data=DataPolicy.of(
+                config.data_root or config.state_dir,
+                allow_paths=config.allow_paths,
+                allow_env=config.allow_env,
+            ),
         )
         self.zoning: ZoneAgent | None = None
         self.central: CentralMaster | None = None

@@ -18,6 +18,16 @@ Two halves:
   hands back a corrupt fragment, and decodes (digests checked, a fresh block list per
   stripe: :mod:`agiledart.recovery.erasure`).
 
+What a store holds is bounded and collected. It takes at most ``capacity_bytes``
+(4 GiB) and never more than ``disk_share`` (half) of the disk it could have, its own
+fragments and the free space together, so a full disk refuses fragments
+(:class:`StoreFull`, which the checkpoint that sent them reports) instead of filling up.
+The fragments of an app that ended are of no use: its scheduler asks the holders of
+its last checkpoint to drop them (:func:`forget`), and every store sweeps now and then
+(:meth:`FragmentStore.sweep`, run by the peer every ``SWEEP_S``), dropping the apps whose
+record says they ended, so that what a lost request or a dead scheduler left behind is
+collected too.
+
 Nothing here decides *when* to checkpoint or whom to pick as holders: the checkpoint
 coordinator does (leaf-set peers, n of them).
 """
@@ -28,8 +38,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +58,8 @@ __all__ = [
     "SaveReceipt",
     "Uplink",
     "fit_code",
+    "forget",
+    "holders_of",
     "load",
     "save",
 ]
@@ -55,6 +68,9 @@ log = logging.getLogger(__name__)
 
 PAGE_BYTES = 8 << 20  #: fragment bytes per ``frag_get`` answer (frames carry 16 MiB)
 THREAD_BYTES = 256 << 10  #: states larger than this are coded in a thread
+CAPACITY_BYTES = 4 << 30  #: a store holds at most this much
+DISK_SHARE = 0.5  #: ... and at most this share of its disk (its fragments + free space)
+SWEEP_S = 300.0  #: how often a peer's store drops the fragments of apps that ended
 _SUFFIX = ".frag"
 
 
@@ -103,10 +119,19 @@ Key = tuple[str, str, int]  #: app, instance, epoch
 
 class FragmentStore:
     def __init__(
-        self, root: Path, *, capacity_bytes: int = 4 << 30, uplink: Uplink | None = None
+        self,
+        root: Path,
+        *,
+        capacity_bytes: int = CAPACITY_BYTES,
+        disk_share: float = DISK_SHARE,
+        free_bytes: Callable[[Path], int] | None = None,
+        uplink: Uplink | None = None,
     ) -> None:
         self.root = root
         self.capacity_bytes = capacity_bytes
+        self.disk_share = disk_share
+        #: the free bytes of the disk holding a folder (shutil.disk_usage's, by default)
+        self.free_bytes = free_bytes or _free_bytes
         self.uplink = uplink  #: what serving fragments may send per second (emulation)
         self.used_bytes = 0
         #: (app, instance, epoch) -> {stripe: (path, size)}
@@ -161,6 +186,53 @@ class FragmentStore:
         self._held.setdefault(key, {})[stripe] = (path, size)
         self.used_bytes += size
 
+    def limit(self) -> int:
+        """The bytes this store may hold now: ``capacity_bytes``, and no more than
+        ``disk_share`` of its fragments and the disk's free space together."""
+        try:
+            free = self.free_bytes(self._existing())
+        except OSError:
+            free = 0
+        return min(self.capacity_bytes, int(self.disk_share * (self.used_bytes + free)))
+
+    def _existing(self) -> Path:
+        """The store's folder or, before its first fragment, the nearest one above it."""
+        path = self.root
+        while not path.exists() and path.parent != path:
+            path = path.parent
+        return path
+
+    def apps(self) -> list[str]:
+        """The apps this store holds fragments of."""
+        return sorted({app for app, _, _ in self._held})
+
+    async def sweep(self, ended: Callable[[str], Awaitable[bool]]) -> list[str]:
+        """Drop every fragment of each app held here that ``ended`` says has ended (an
+        app whose end cannot be told is kept); the apps dropped."""
+        dropped = []
+        for app in self.apps():
+            try:
+                gone = await ended(app)
+            except AgiledartError as exc:
+                log.debug("cannot tell whether app %s ended: %s", app, exc)
+                continue
+            if gone:
+                await self._remove_where(_of_app(app))
+                dropped.append(app)
+        if dropped:
+            log.info("dropped the checkpoint fragments of ended apps: %s", ", ".join(dropped))
+        return dropped
+
+    async def sweep_loop(self, ended: Callable[[str], Awaitable[bool]], interval_s: float) -> None:
+        """:meth:`sweep` every ``interval_s``, forever (the peer's task group owns it: a
+        failing sweep is logged and tried again at the next, never the peer's end)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.sweep(ended)
+            except Exception:
+                log.exception("sweeping the fragment store failed; trying again later")
+
     def held(self, app: str) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
         for a, instance, epoch in self._held:
@@ -185,8 +257,15 @@ class FragmentStore:
         stripes = self._held.setdefault(key, {})
         if fragment.stripe in stripes:
             return {"stored": False}
-        if self.used_bytes + len(data) > self.capacity_bytes:
-            msg = f"fragment store full ({self.used_bytes} of {self.capacity_bytes} bytes)"
+        limit = self.limit()
+        if self.used_bytes + len(data) > limit:
+            if not stripes:
+                del self._held[key]
+            msg = (
+                f"fragment store full: it holds {self.used_bytes} bytes and may hold {limit} "
+                f"(the least of {self.capacity_bytes} and {self.disk_share:.0%} of its "
+                "fragments and the free disk space together)"
+            )
             raise StoreFull(msg)
         path = self._path(*key, fragment.stripe, fragment.index)
         self.used_bytes += len(data)
@@ -238,13 +317,18 @@ class FragmentStore:
         if below is not None and type(below) is not int:
             msg = "frag_drop 'below' must be an epoch number"
             raise MalformedError(msg)
-        doomed = [
-            key
-            for key in self._held
-            if key[0] == app
-            and (instance is None or key[1] == instance)
-            and (below is None or key[2] < below)
-        ]
+        n = await self._remove_where(
+            lambda key: (
+                key[0] == app
+                and (instance is None or key[1] == instance)
+                and (below is None or key[2] < below)
+            )
+        )
+        return {"dropped": n}
+
+    async def _remove_where(self, doomed_if: Callable[[Key], bool]) -> int:
+        """Remove the checkpoints whose key ``doomed_if`` picks; how many."""
+        doomed = [key for key in self._held if doomed_if(key)]
         paths = []
         for key in doomed:
             stripes = self._held.pop(key)
@@ -255,7 +339,7 @@ class FragmentStore:
             for path in paths:  # the app's folder; an epoch's of the older layout too
                 folders |= {self.root / p for p in path.relative_to(self.root).parents[:-1]}
             await asyncio.to_thread(_remove, paths, folders)
-        return {"dropped": len(doomed)}
+        return len(doomed)
 
     async def _list(self, req: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:
         app = req.get("app")
@@ -263,6 +347,14 @@ class FragmentStore:
             msg = "frag_held needs 'app'"
             raise MalformedError(msg)
         return {"held": self.held(app), "used_bytes": self.used_bytes}
+
+
+def _of_app(app: str) -> Callable[[Key], bool]:
+    return lambda key: key[0] == app
+
+
+def _free_bytes(path: Path) -> int:
+    return shutil.disk_usage(path).free
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -319,6 +411,32 @@ def fit_code(m: int, k: int, holders: int) -> tuple[int, int] | None:
         return None
     k = min(k, holders - 1)
     return max(1, min(m, holders - k)), k
+
+
+async def forget(
+    links: Links, holders: Iterable[Address], app: str, *, timeout: float = 10.0
+) -> None:
+    """Ask every holder to drop all it holds of ``app`` (an app that ended). A holder
+    that does not answer is logged: its own sweep collects the fragments later."""
+
+    async def drop(address: Address) -> None:
+        try:
+            await links.request(address, "frag_drop", {"app": app}, timeout=timeout)
+        except (OverlayError, AgiledartError) as exc:
+            log.debug("holder %s:%d did not drop %s's fragments: %s", *address, app, exc)
+
+    await asyncio.gather(*(drop(a) for a in set(holders)))
+
+
+def holders_of(checkpoint: Mapping[str, Any] | None) -> set[Address]:
+    """The addresses of the holders of a committed checkpoint (an app record's)."""
+    if not checkpoint:
+        return set()
+    return {
+        (str(a[0]), int(a[1]))
+        for entry in checkpoint.get("states", [])
+        for _, a in entry.get("holders", [])
+    }
 
 
 async def save(

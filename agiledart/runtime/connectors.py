@@ -21,7 +21,15 @@ read one batch at a time (a generator makes its records in chunks of
 A :class:`Sink` takes batches of records: ``file`` sinks write JSONL or CSV, buffered
 until :meth:`~Sink.flush`; the ``stdout`` sink writes JSONL lines to a stream. JSON has
 no bytes and no NaN: bytes values become hex strings, non-finite floats ``null``.
-Failures become :class:`~agiledart.app.errors.ExecutionError` naming the node.
+Failures become :class:`~agiledart.app.errors.ExecutionError` naming the node. A file
+sink resumed from a checkpoint keeps the bytes its last committed epoch had and drops
+the rest; a file *shorter* than that lost committed output (truncated or removed behind
+the peer's back) and is refused (:class:`SinkOutputLost`), never padded.
+
+On a peer, every connector is made under the peer's
+:class:`~agiledart.runtime.confine.DataPolicy` (``policy``): file paths inside its data
+root or allowed folders, ``password_env`` among the variables specs may read; a spec
+reaching further is refused as the connector is made, that is when the app deploys.
 
 ``mqtt`` sources and sinks live in :mod:`agiledart.runtime.mqtt` and need the peer's
 :class:`~agiledart.runtime.mqtt.BrokerPool`: :func:`open_source` and :func:`open_sink`
@@ -50,6 +58,7 @@ from agiledart.app.spec import SinkSpec, SourceSpec
 from agiledart.operators import Record
 
 if TYPE_CHECKING:
+    from agiledart.runtime.confine import DataPolicy
     from agiledart.runtime.mqtt import BrokerPool
 
 __all__ = [
@@ -57,6 +66,7 @@ __all__ = [
     "FileSink",
     "ReplaySchedule",
     "Sink",
+    "SinkOutputLost",
     "SinkStatistics",
     "Source",
     "SourceConnector",
@@ -71,6 +81,11 @@ OVERLOAD_POLICIES = ("block", "shed")
 _MQTT = "the mqtt connector needs the peer's broker pool (agiledart.runtime.mqtt)"
 #: Slack, in records, for float rounding in the schedule (a record due "now" is due).
 _EPS = 1e-6
+
+
+class SinkOutputLost(ExecutionError):
+    """A file sink to resume holds less than its committed checkpoint wrote: output
+    that was committed is gone, so the sink refuses to resume rather than pad it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,14 +145,24 @@ def open_source(
     overload: str = "block",
     brokers: BrokerPool | None = None,
     skip: int = 0,
+    policy: DataPolicy | None = None,
 ) -> SourceConnector:
     """The source ``spec`` describes; an mqtt source subscribes through ``brokers``.
-    A replayable one (generator, file) starts after its first ``skip`` records."""
+    A replayable one (generator, file) starts after its first ``skip`` records. With
+    ``policy`` (a peer's), a spec reaching past it is refused."""
     if spec.connector == "mqtt" and brokers is not None:
         from agiledart.runtime.mqtt import MqttSource  # mqtt imports this module
 
+        _check_env(spec.params, f"source {spec.id!r}", policy)
         return MqttSource(spec, brokers=brokers)
-    return Source(spec, base_dir=base_dir, overload=overload, skip=skip)
+    return Source(spec, base_dir=base_dir, overload=overload, skip=skip, policy=policy)
+
+
+def _check_env(params: Mapping[str, Any], owner: str, policy: DataPolicy | None) -> None:
+    """Refuse an mqtt connector's ``password_env`` that ``policy`` does not allow."""
+    var = params.get("password_env")
+    if policy is not None and var is not None:
+        policy.check_env(owner, str(var))
 
 
 class Source:
@@ -156,6 +181,7 @@ class Source:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         skip: int = 0,
+        policy: DataPolicy | None = None,
     ) -> None:
         if spec.connector == "mqtt":
             msg = f"source {spec.id!r}: {_MQTT}"
@@ -169,6 +195,9 @@ class Source:
         if batch_size < 1 or not tick_s > 0 or max_lag_s < 0 or late_ms < 0:
             msg = "need batch_size >= 1, tick_s > 0, max_lag_s >= 0 and late_ms >= 0"
             raise ExecutionError(msg)
+        if spec.connector == "file" and policy is not None:
+            base_dir = policy.root
+            policy.source_path(f"source {spec.id!r}", spec.params["path"])
         self.spec = spec
         self.stats = SourceStatistics()
         from agiledart.datasets import ParseStats  # numpy: only where sources run
@@ -363,13 +392,17 @@ class FileSink:
         *,
         out_dir: str | os.PathLike[str],
         resume: Mapping[str, Any] | None = None,
+        policy: DataPolicy | None = None,
     ) -> None:
         self.id = spec.id
         self.format: str = spec.params.get("format", "jsonl")
         if self.format not in ("jsonl", "csv"):
             msg = f"sink {spec.id!r}: unknown file format {self.format!r}; use jsonl or csv"
             raise ExecutionError(msg)
-        self.path: Path = Path(out_dir) / spec.params["path"]
+        if policy is None:
+            self.path: Path = Path(out_dir) / spec.params["path"]
+        else:
+            self.path = policy.sink_path(f"sink {spec.id!r}", spec.params["path"], out_dir)
         self.stats = SinkStatistics()
         self._columns: list[str] | None = None
         self._closed = False
@@ -378,15 +411,33 @@ class FileSink:
             if resume is None:
                 self._file: IO[bytes] = open(self.path, "wb")  # noqa: SIM115 - closed in close()
             else:  # a restored app: keep what the last committed epoch had, drop the rest
-                self._file = open(self.path, "r+b" if self.path.exists() else "w+b")  # noqa: SIM115
-                self._file.truncate(int(resume["size"]))
-                self._file.seek(0, os.SEEK_END)
+                self._file = self._resume(int(resume["size"]))
                 self.stats.records = int(resume.get("records", 0))
                 if self.format == "csv" and self._file.tell():
                     self._file.seek(0)
                     head = self._file.readline().decode("utf-8").rstrip("\n")
                     self._columns = next(csv.reader([head]))
                     self._file.seek(0, os.SEEK_END)
+
+    def _resume(self, size: int) -> IO[bytes]:
+        """The file opened at the end of its first ``size`` bytes (the committed ones),
+        what came after them dropped; SinkOutputLost when it holds fewer."""
+        f = open(self.path, "r+b" if self.path.exists() else "w+b")  # noqa: SIM115
+        try:
+            held = f.seek(0, os.SEEK_END)
+            if held < size:
+                msg = (
+                    f"sink {self.id!r}: {os.fspath(self.path)!r} holds {held} bytes, but the "
+                    f"checkpoint to resume from committed {size}: output already written is "
+                    "lost (the file was truncated or removed); refusing to resume over it"
+                )
+                raise SinkOutputLost(msg)
+            f.truncate(size)
+            f.seek(0, os.SEEK_END)
+        except BaseException:
+            f.close()
+            raise
+        return f
 
     def commit(self) -> dict[str, int]:
         """What an epoch's end makes durable: everything written so far."""
@@ -503,12 +554,14 @@ def open_sink(
     stdout: TextIO | None = None,
     brokers: BrokerPool | None = None,
     resume: Mapping[str, Any] | None = None,
+    policy: DataPolicy | None = None,
 ) -> Sink:
     """The sink ``spec`` describes; a relative file ``path`` is under ``out_dir``; an
     mqtt sink publishes through ``brokers`` (its owner runs its publisher). A file sink
-    given ``resume`` (a committed ``size`` and ``records``) keeps that much."""
+    given ``resume`` (a committed ``size`` and ``records``) keeps that much. With
+    ``policy`` (a peer's), a spec reaching past it is refused."""
     if spec.connector == "file":
-        return FileSink(spec, out_dir=out_dir, resume=resume)
+        return FileSink(spec, out_dir=out_dir, resume=resume, policy=policy)
     if spec.connector == "stdout":
         return StdoutSink(spec, stream=stdout)
     if spec.connector == "discard":
@@ -519,6 +572,7 @@ def open_sink(
             raise ExecutionError(msg)
         from agiledart.runtime.mqtt import MqttSink  # mqtt imports this module
 
+        _check_env(spec.params, f"sink {spec.id!r}", policy)
         return MqttSink(spec, brokers=brokers)
     msg = f"sink {spec.id!r}: unknown connector {spec.connector!r}"
     raise ExecutionError(msg)

@@ -62,6 +62,7 @@ from agiledart.operators.base import FINAL_WATERMARK, MIN_WATERMARK, OperatorSta
 from agiledart.overlay.errors import MalformedError, OverlayError
 from agiledart.runtime.checkpoints import CheckpointError, Holder, Uplink, fit_code, load, save
 from agiledart.runtime.code import code_ids_in
+from agiledart.runtime.confine import DataPolicy
 from agiledart.runtime.connectors import Sink, SourceConnector, open_sink, open_source
 from agiledart.runtime.elastic import ElasticDriver
 from agiledart.runtime.epochs import Alignment, Channel
@@ -482,8 +483,11 @@ class AppInstance:
         holders: Callable[[int], list[Holder]] | None = None,
         uplink: Uplink | None = None,
         on_scaling: Callable[[dict[str, Any]], Awaitable[Any]] | None = None,
+        data: DataPolicy | None = None,
     ) -> None:
         self.deployment = d = deployment
+        #: what the spec's connectors may reach here (files, environment variables)
+        data = data or DataPolicy.of(state_dir)
         self.restore = d.restore or {}
         self.on_checkpoint = on_checkpoint
         self.holders = holders
@@ -536,16 +540,17 @@ class AppInstance:
             self.segments.append(seg)
             for op in ops:
                 self.segment_of[op] = seg
-        out_dir = state_dir / "output" / self.app_id
+        out_dir = data.sink_dir(self.app_id)
         local_sinks = [k for k in spec.sinks if k.id in here]
         self.sinks: dict[str, SinkState] = {}  # opened last: nothing below may leak them
         self.sources = {
             s.id: open_source(
                 s,
-                base_dir=state_dir,
+                base_dir=data.root,
                 overload=s.params.get("overload", self.options.overload),
                 brokers=brokers,
                 skip=int(self.restore.get("sources", {}).get(s.id, 0)),
+                policy=data,
             )
             for s in spec.sources
             if s.id in here
@@ -620,7 +625,7 @@ class AppInstance:
         try:
             for k in local_sinks:
                 resume = self.restore.get("sinks", {}).get(k.id) if self.restore else None
-                sink = open_sink(k, out_dir=out_dir, brokers=brokers, resume=resume)
+                sink = open_sink(k, out_dir=out_dir, brokers=brokers, resume=resume, policy=data)
                 self.sinks[k.id] = SinkState(sink, dict.fromkeys(k.inputs, MIN_WATERMARK))
                 self.sinks[k.id].align = Alignment(
                     (p, h) for p in k.inputs for h in d.hosts.get(p, ())

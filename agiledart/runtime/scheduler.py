@@ -53,7 +53,7 @@ from agiledart.placement import (
     PlacementError,
     place,
 )
-from agiledart.runtime.checkpoints import fit_code
+from agiledart.runtime.checkpoints import fit_code, forget, holders_of
 from agiledart.runtime.code import CodeStore, code_ids_in
 from agiledart.runtime.epochs import CHECKPOINT_RATE, Pacer
 from agiledart.runtime.errors import CodeError, DeployError, UnknownApp
@@ -608,6 +608,8 @@ class Scheduler:
             del self._ending[rec.app_id]
             ending.set()
         await self._undeploy(rec)
+        if rec.checkpoint:  # its fragments are of no use now (holders sweep what is missed)
+            self._spawn(forget(self.links, holders_of(rec.checkpoint), rec.app_id))
         return True
 
     # -- checkpoints (agiledart.runtime.epochs) ------------------------------------------
@@ -770,10 +772,10 @@ class Scheduler:
         # older epochs' fragments go only once the record naming this epoch is stored:
         # until then a peer adopting the app reads the older commit and restores from it
         unsaved = self._unsaved_holders.setdefault(rec.app_id, set())
-        unsaved.update(_holders_of(old))
+        unsaved.update(holders_of(old))
         if not saved:
             return
-        holders = unsaved | _holders_of(rec.checkpoint)
+        holders = unsaved | holders_of(rec.checkpoint)
         self._unsaved_holders.pop(rec.app_id, None)
         body = {"app": rec.app_id, "below": pending.epoch}
         for address in holders:  # older epochs are not needed any more
@@ -1352,7 +1354,7 @@ def _restore_plan(cp: dict[str, Any], moved: Mapping[str, str]) -> dict[str, Any
 
 def _check_commit(cp: dict[str, Any]) -> None:
     """TypeError unless ``cp`` has the shape of a committed epoch (what recovery reads
-    from it: :func:`_restore_plan`, :func:`_holders_of`)."""
+    from it: :func:`_restore_plan`, :func:`~agiledart.runtime.checkpoints.holders_of`)."""
     if type(cp.get("epoch")) is not int:
         msg = "checkpoint needs an integer 'epoch'"
         raise TypeError(msg)
@@ -1381,13 +1383,6 @@ def _check_commit(cp: dict[str, Any]) -> None:
         ):
             msg = f"malformed checkpoint state {entry!r:.200}"
             raise TypeError(msg)
-
-
-def _holders_of(cp: dict[str, Any] | None) -> set[Address]:
-    """The peers holding fragments of checkpoint ``cp``."""
-    if not cp:
-        return set()
-    return {(str(a[0]), int(a[1])) for entry in cp["states"] for _, a in entry["holders"]}
 
 
 def _addr(rec: AppRecord, peer: str) -> Address:

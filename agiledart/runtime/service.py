@@ -37,8 +37,9 @@ from agiledart.overlay.errors import MalformedError, OverlayError
 from agiledart.overlay.leafset import Membership, MembershipEvent
 from agiledart.overlay.node import Delivery, OverlayNode
 from agiledart.overlay.tcp import ConnectionInfo, FrameServer
-from agiledart.runtime.checkpoints import FragmentStore, Holder, Uplink
+from agiledart.runtime.checkpoints import SWEEP_S, FragmentStore, Holder, Uplink
 from agiledart.runtime.code import Bundle, CodeStore, code_ids_in, identifier
+from agiledart.runtime.confine import DataPolicy
 from agiledart.runtime.epochs import CHECKPOINT_RATE
 from agiledart.runtime.errors import UnknownApp
 from agiledart.runtime.execution import EngineConfig
@@ -78,8 +79,11 @@ class AppRuntime:
         link_model: LinkModel | None = None,
         trace: TraceWriter | NullTraceWriter | None = None,
         checkpoint_rate: float = CHECKPOINT_RATE,
+        data: DataPolicy | None = None,
     ) -> None:
         self.name = name
+        #: what app specs may reach here: the data root, allowed folders and variables
+        self.data = data or DataPolicy.of(state_dir)
         self.trace = trace or NullTraceWriter()
         self.overlay = overlay
         self.links = links
@@ -114,6 +118,7 @@ class AppRuntime:
         self._group: asyncio.TaskGroup | None = None
         self._publisher: asyncio.Task[None] | None = None
         self._tracer: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self._reports: set[asyncio.Task[None]] = set()
         #: who schedules submits here (zone schedulers, a central master); None: this peer
         self.submitter: Callable[[Any, list[str]], Awaitable[dict[str, Any]]] | None = None
@@ -189,6 +194,12 @@ class AppRuntime:
             self._tracer = group.create_task(self._opstats_loop())
         self.brokers.start(group)
         self.engine.start(group)
+        self._sweeper = group.create_task(self.fragments.sweep_loop(self._ended, SWEEP_S))
+
+    async def _ended(self, app_id: str) -> bool:
+        """Whether the record of ``app_id`` says it ended (its fragments may go)."""
+        raw = await self.records.get(record_key("app", app_id))
+        return isinstance(raw, dict) and raw.get("state") in ("finished", "failed", "stopped")
 
     async def aclose(self) -> None:
         """Stop publishing and tear down every app instance on this peer."""
@@ -197,6 +208,8 @@ class AppRuntime:
             self._publisher.cancel()
         if self._tracer is not None:
             self._tracer.cancel()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for task in list(self._reports):
             task.cancel()
         for inst in list(self.instances.values()):
@@ -377,6 +390,7 @@ class AppRuntime:
                 holders=self._holders,
                 uplink=self.uplink,
                 on_scaling=lambda body: self._ask_scaling(d, body),
+                data=self.data,
             )
         except AgiledartError:
             raise

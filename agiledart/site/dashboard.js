@@ -5,7 +5,10 @@
 const POLL_MS = 1000;
 const SVG = "http://www.w3.org/2000/svg";
 const COLOURS = ["#d53f8c", "#2b6cb0", "#dd6b20", "#38a169", "#805ad5", "#319795", "#c53030"];
+// the token in the URL is only a way in: the page's answer set the dashboard's cookie,
+// so take the token out of the address bar and the history at once
 const token = new URLSearchParams(location.search).get("token") || "";
+if (token) history.replaceState(null, "", location.pathname);
 const rateHistory = new Map(); // app id -> [{t, in, out}], for live rates
 let selected = null; // the peer whose leaf set is highlighted
 let last = null;
@@ -263,7 +266,8 @@ function setStatus(text, cls) {
 
 async function poll() {
   try {
-    const res = await fetch("/api/state", { headers: { Authorization: "Bearer " + token }, cache: "no-store" });
+    const headers = token ? { Authorization: "Bearer " + token } : {}; // else the cookie
+    const res = await fetch("/api/state", { headers, credentials: "same-origin", cache: "no-store" });
     if (res.status === 401 || res.status === 403) {
       setStatus(res.status === 401 ? "token needed" : "wrong token", "error");
       return; // no point asking again

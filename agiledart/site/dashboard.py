@@ -14,11 +14,16 @@ the graph is drawn from. One view is built at most once per ``refresh_s`` howeve
 browsers poll, so a dashboard costs the cluster a bounded number of RPCs.
 
 Access: the page and ``/api/*`` need the dashboard token, a value derived from the
-cluster key (:func:`dashboard_token`), as ``?token=`` or ``Authorization: Bearer``;
-without it they answer 401, with a wrong one 403. Anyone holding the cluster key can
-compute it (``agiledart dashboard-url``). The static JS and CSS hold no data and are
-served to anyone. An ``--insecure`` peer's key is public, hence its token too: such a
-peer serves its dashboard on a loopback address only (:class:`~agiledart.site.Site`).
+cluster key (:func:`dashboard_token`), as ``?token=``, ``Authorization: Bearer`` or the
+dashboard's cookie; without it they answer 401, with a wrong one 403. The URL with the
+token is only a way in: the page it opens sets the cookie (``HttpOnly``,
+``SameSite=Strict``, for this session) and its script takes the token out of the
+address bar and the history (``history.replaceState``), so it is not left in the URL
+(nor in bookmarks or screenshots); the page then polls with the cookie. Anyone holding
+the cluster key can compute the token (``agiledart dashboard-url``). The static JS and
+CSS hold no data and are served to anyone. An ``--insecure`` peer's key is public,
+hence its token too: such a peer serves its dashboard on a loopback address only
+(:class:`~agiledart.site.Site`).
 """
 
 from __future__ import annotations
@@ -138,6 +143,9 @@ class Dashboard:
         self._last: dict[str, Any] | None = None
         self._specs: dict[str, Any] = {}
         self._final: dict[str, dict[str, Any]] = {}  #: status of apps that ended
+        #: the session cookie holding the token (named per port: two dashboards on one
+        #: host keep theirs apart); the server sets the port once it is bound
+        self.cookie = "agiledart_dashboard"
 
     # -- HTTP --------------------------------------------------------------------------
 
@@ -157,11 +165,15 @@ class Dashboard:
             return _json(await self.state())
         if path == "/api/ring":
             return _json(self.control.ring())
+        headers: tuple[tuple[str, str], ...] = (("Content-Security-Policy", CSP),)
+        if "token" in request.query:  # the way in: the page goes on with the cookie
+            cookie = f"{self.cookie}={self.token}; Path=/; HttpOnly; SameSite=Strict"
+            headers += (("Set-Cookie", cookie),)
         return Response(
             200,
             self._static["dashboard.html"],
             content_type=STATIC["dashboard.html"],
-            headers=(("Content-Security-Policy", CSP),),
+            headers=headers,
         )
 
     def _refuse(self, request: Request) -> Response | None:
@@ -170,6 +182,8 @@ class Dashboard:
         auth = request.headers.get("authorization", "")
         if given is None and auth[:7].lower() == "bearer ":
             given = auth[7:].strip()
+        if given is None:
+            given = _cookie(request.headers.get("cookie", ""), self.cookie)
         if not given:
             return Response.text(
                 401,
@@ -307,6 +321,15 @@ def _peer_entry(
         "apps": [str(x) for x in ring.get("apps", [])],
         "workers": execution.get("workers") if execution else None,
     }
+
+
+def _cookie(header: str, name: str) -> str | None:
+    """The value of cookie ``name`` in a ``Cookie`` header, or None."""
+    for part in header.split(";"):
+        key, sep, value = part.strip().partition("=")
+        if sep and key == name:
+            return value
+    return None
 
 
 def _read_static(name: str) -> bytes:

@@ -13,9 +13,13 @@ carrying its status.
 
 :class:`HttpServer` is the thin driver: one task per connection, owned by the peer's
 task group; one request per connection (``Connection: close``), a head that does not
-arrive within ``read_timeout_s`` gets 408, at most ``max_connections`` at a time (more
-are refused at once). A failing handler is logged and answered 500. Nothing a client
-sends can end anything but its own connection.
+arrive within ``read_timeout_s`` gets 408, at most ``max_connections`` at a time. A
+client at the cap is never refused while a slow one holds a place: the connection that
+has waited longest for its head (or to take its answer) is shed, reset at once, to make
+room, so a crowd of slow or idle clients cannot keep a scrape out (only connections
+whose handler runs are never shed; a full house of those refuses the newcomer). A
+failing handler is logged and answered 500. Nothing a client sends can end anything but
+its own connection.
 """
 
 from __future__ import annotations
@@ -56,9 +60,9 @@ BASE_HEADERS = (
 class HttpLimits:
     max_head: int = 16 * 1024  #: request line and headers, bytes
     max_headers: int = 64
-    read_timeout_s: float = 10.0  #: for the whole head
+    read_timeout_s: float = 5.0  #: for the whole head
     write_timeout_s: float = 30.0
-    max_connections: int = 32
+    max_connections: int = 32  #: at a time; slow ones are shed for newcomers
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,9 +169,22 @@ Handler = Callable[[Request], Awaitable[Response]]
 @dataclass
 class HttpStatistics:
     connections: int = 0
-    refused: int = 0  #: over max_connections
+    refused: int = 0  #: over max_connections with every place's handler running
+    shed: int = 0  #: slow connections reset to make room for a newcomer
     responses: Counter[int] = field(default_factory=Counter)  #: by status
     handler_errors: int = 0
+
+
+#: what a connection is doing; those reading or writing may be shed, never a handler
+READING, HANDLING, WRITING = "reading", "handling", "writing"
+
+
+@dataclass(eq=False, slots=True)
+class _Connection:
+    writer: asyncio.StreamWriter
+    opened: float
+    phase: str = READING
+    task: asyncio.Task[None] | None = None
 
 
 class HttpServer:
@@ -181,7 +198,7 @@ class HttpServer:
         self.address: tuple[str, int] | None = None
         self._server: asyncio.Server | None = None
         self._group: asyncio.TaskGroup | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._conns: set[_Connection] = set()
 
     async def start(self, group: asyncio.TaskGroup, host: str, port: int) -> tuple[str, int]:
         self._group = group
@@ -199,39 +216,60 @@ class HttpServer:
         if server is None:
             return
         server.close()
-        for task in list(self._tasks):
+        tasks = [c.task for c in self._conns if c.task is not None]
+        for task in tasks:
             task.cancel()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks))
+        if tasks:
+            await asyncio.wait(tasks)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(1.0):
                 await server.wait_closed()
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._group is None or len(self._tasks) >= self.limits.max_connections:
+        if self._group is None or not self._make_room():
             self.stats.refused += 1
             writer.transport.abort()
             return
-        serve = self._connection(reader, writer)
+        conn = _Connection(writer, asyncio.get_running_loop().time())
+        serve = self._connection(reader, conn)
         try:
-            task = self._group.create_task(serve, name=f"{self.name} connection")
+            conn.task = self._group.create_task(serve, name=f"{self.name} connection")
         except RuntimeError:  # the group is shutting down
             serve.close()
             writer.transport.abort()
             return
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._conns.add(conn)
+        conn.task.add_done_callback(lambda _: self._conns.discard(conn))
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _make_room(self) -> bool:
+        """Whether a newcomer may have a place, shedding the slowest connection (the one
+        reading or writing the longest) when every place is taken."""
+        if len(self._conns) < self.limits.max_connections:
+            return True
+        slow = [c for c in self._conns if c.phase != HANDLING]
+        if not slow:
+            return False
+        victim = min(slow, key=lambda c: (c.phase != READING, c.opened))
+        self._conns.discard(victim)
+        self.stats.shed += 1
+        victim.writer.transport.abort()
+        if victim.task is not None:
+            victim.task.cancel()
+        return True
+
+    async def _connection(self, reader: asyncio.StreamReader, conn: _Connection) -> None:
         self.stats.connections += 1
+        writer = conn.writer
         head_only = refused = False
         try:
             try:
                 request = await self._read(reader)
                 head_only = request.method == "HEAD"
+                conn.phase = HANDLING
                 response = await self._handle(request)
             except HttpError as exc:
                 response, refused = Response.text(exc.status, f"{exc}\n"), True
+            conn.phase = WRITING
             self.stats.responses[response.status] += 1
             writer.write(encode_response(response, head_only=head_only))
             async with asyncio.timeout(self.limits.write_timeout_s):

@@ -27,6 +27,16 @@ recoveries_total
 process_tree_resident_bytes, process_tree_cpu_seconds_total, process_tree_processes
 =============================================  =========================================
 
+Access and cost: the endpoint listens on a loopback address unless the peer is told
+otherwise (``--metrics-host``; :class:`~agiledart.site.Site`), and with a token
+(``--metrics-token-file`` or ``$AGILEDART_METRICS_TOKEN``; required beyond loopback) it
+answers only ``Authorization: Bearer TOKEN`` (401 without, 403 with a wrong one). A
+scrape reads the peer's live state on the event loop (plain attribute reads, bounded by
+the app cap) and does the rest in a thread: the process tree's usage (psutil walks
+``/proc``) before, the text encoding after. Scrapes are rendered one at a time and one
+answer serves every scrape within ``min_interval_s`` of it, so a crowd of scrapers costs
+the peer one render per interval.
+
 Not there yet, on purpose: the operators' *health score* f(x) of the scaling issue
 (paper §IV-C) does not exist; it will be computed from the input rate and the queue
 exported here (``operator_input_rate``, ``operator_queue_tuples``, with
@@ -38,9 +48,11 @@ they stay at zero until the recovery subsystem runs over the network.
 
 from __future__ import annotations
 
+import asyncio
+import hmac
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -51,7 +63,6 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.registry import CollectorRegistry
 
 from agiledart import __version__
 from agiledart.runtime.metrics import LatencyHistogram
@@ -60,7 +71,7 @@ from agiledart.site.http import Request, Response
 if TYPE_CHECKING:
     from agiledart.peer import Peer
 
-__all__ = ["PeerCollector", "metrics_handler", "process_tree_usage"]
+__all__ = ["MetricsEndpoint", "PeerCollector", "metrics_handler", "process_tree_usage"]
 
 P = "agiledart_"
 #: checkpoint sizes (bytes) and durations (s) bucket bounds, for when there are any
@@ -112,7 +123,10 @@ class PeerCollector:
 
     def __init__(self, peer: Peer) -> None:
         self.peer = peer
-        self._process = psutil.Process(os.getpid())
+        self.process = psutil.Process(os.getpid())
+        #: the process tree's (resident bytes, CPU seconds, processes), measured by the
+        #: caller off the event loop before a collect; None: measured here
+        self.usage: tuple[int, float, int] | None = None
 
     def collect(self) -> Iterator[Metric]:
         yield from self._peer()
@@ -369,7 +383,7 @@ class PeerCollector:
     def _process_tree(self) -> Iterator[Metric]:
         name = self.peer.name
         try:
-            rss, cpu, count = process_tree_usage(self._process)
+            rss, cpu, count = self.usage or process_tree_usage(self.process)
         except psutil.Error:
             return
         yield _gauge(
@@ -428,17 +442,43 @@ def _counter(name: str, doc: str, peer: str, value: float) -> CounterMetricFamil
     return family
 
 
-def metrics_handler(peer: Peer) -> Any:
-    """The HTTP handler serving ``peer``'s metrics at ``/metrics`` (and ``/``)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(PeerCollector(peer))
+class _Collected:
+    """Metric families already collected, as ``generate_latest`` takes a registry."""
 
-    async def handle(request: Request) -> Response:
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
+
+
+class MetricsEndpoint:
+    """The HTTP handler serving a peer's metrics at ``/metrics`` (and ``/``), behind
+    ``token`` when one is given."""
+
+    def __init__(
+        self,
+        peer: Peer,
+        *,
+        token: str | None = None,
+        min_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.collector = PeerCollector(peer)
+        self.token = token
+        self.min_interval_s = min_interval_s
+        self.clock = clock
+        self.renders = 0
+        self._lock = asyncio.Lock()
+        self._last: tuple[float, bytes, float] | None = None  #: (when, body, seconds)
+
+    async def handle(self, request: Request) -> Response:
         if request.path not in ("/metrics", "/"):
             return Response.text(404, "not found: metrics are at /metrics\n")
-        started = time.perf_counter()
-        body = generate_latest(registry)
-        elapsed = time.perf_counter() - started
+        refused = self._refuse(request)
+        if refused is not None:
+            return refused
+        body, elapsed = await self.render()
         return Response(
             200,
             body,
@@ -446,4 +486,44 @@ def metrics_handler(peer: Peer) -> Any:
             headers=(("X-Scrape-Seconds", f"{elapsed:.4f}"),),
         )
 
-    return handle
+    def _refuse(self, request: Request) -> Response | None:
+        if self.token is None:
+            return None
+        auth = request.headers.get("authorization", "")
+        if auth[:7].lower() != "bearer " or not auth[7:].strip():
+            return Response.text(
+                401,
+                "the metrics endpoint needs its token: Authorization: Bearer TOKEN\n",
+                headers=(("WWW-Authenticate", 'Bearer realm="agiledart-metrics"'),),
+            )
+        if not hmac.compare_digest(auth[7:].strip().encode(), self.token.encode()):
+            return Response.text(403, "wrong metrics token\n")
+        return None
+
+    async def render(self) -> tuple[bytes, float]:
+        """The exposition text (and the seconds it took), rendered at most once per
+        ``min_interval_s`` however many scrape meanwhile."""
+        async with self._lock:
+            now = self.clock()
+            if self._last is not None and now - self._last[0] < self.min_interval_s:
+                return self._last[1], self._last[2]
+            started = time.perf_counter()
+            collector = self.collector
+            try:
+                collector.usage = await asyncio.to_thread(process_tree_usage, collector.process)
+            except psutil.Error:
+                collector.usage = None
+            try:
+                families = list(collector.collect())  # live state: read on the loop
+            finally:
+                collector.usage = None
+            body = await asyncio.to_thread(generate_latest, _Collected(families))
+            elapsed = time.perf_counter() - started
+            self.renders += 1
+            self._last = (self.clock(), body, elapsed)
+            return body, elapsed
+
+
+def metrics_handler(peer: Peer, *, token: str | None = None) -> Any:
+    """The HTTP handler serving ``peer``'s metrics at ``/metrics`` (and ``/``)."""
+    return MetricsEndpoint(peer, token=token).handle

@@ -7,8 +7,10 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agiledart.recovery import encode
-from agiledart.runtime.checkpoints import FragmentStore
+from agiledart.runtime.checkpoints import CheckpointError, FragmentStore, StoreFull
 
 CONN: Any = None  # the handlers read the connection only to name a refused sender
 
@@ -72,3 +74,51 @@ def test_a_store_of_the_earlier_layout_is_read_and_cleaned(tmp_path: Path) -> No
     asyncio.run(store._drop({"app": "a", "below": 8}, CONN))
     assert files(tmp_path) == ["stray.frag"]
     assert list(tmp_path.iterdir()) == [tmp_path / "stray.frag"]
+
+
+def fragment(app: str, epoch: int, size: int = 400) -> bytes:
+    (f,) = [
+        f
+        for f in encode(bytes(size), m=2, k=1, app=app, instance="x#0", epoch=epoch)
+        if f.index == 0
+    ]
+    return f.to_bytes()
+
+
+def test_the_store_takes_at_most_half_of_its_disk(tmp_path: Path) -> None:
+    free = [10_000]
+    store = FragmentStore(tmp_path / "fragments", free_bytes=lambda _: free[0])
+    assert store.limit() == 5_000  # half of the free disk, far below 4 GiB
+    one = fragment("a", 1)
+    n = 0
+    while store.used_bytes + len(one) <= store.limit():  # each one leaves less free space
+        asyncio.run(store._put({"f": fragment("a", n + 1)}, CONN))
+        free[0] -= len(one)
+        n += 1
+    assert n > 0
+    with pytest.raises(StoreFull, match=r"fragment store full: .* free disk"):
+        asyncio.run(store._put({"f": fragment("a", n + 1)}, CONN))
+    assert store.used_bytes <= free[0]  # never more than what is left free
+    assert store.used_bytes + len(one) > store.limit()
+    assert store.held("a") == {"x#0": list(range(1, n + 1))}  # a refused one leaves no trace
+    big = FragmentStore(tmp_path / "big", free_bytes=lambda _: 1 << 50)
+    assert big.limit() == 4 << 30  # the fixed cap where the disk is large
+
+
+def test_a_sweep_drops_only_the_apps_that_ended(tmp_path: Path) -> None:
+    store = FragmentStore(tmp_path)
+    for app in ("ended", "live", "unknown", "unreachable"):
+        for epoch in (1, 2):
+            put(store, app, "x#0", epoch, index=0)
+
+    async def ended(app: str) -> bool:
+        if app == "unreachable":
+            raise CheckpointError("no record holder answered")
+        return app == "ended"
+
+    assert asyncio.run(store.sweep(ended)) == ["ended"]
+    assert store.apps() == ["live", "unknown", "unreachable"]
+    assert not (tmp_path / b"ended".hex()).exists()
+    again = FragmentStore(tmp_path)  # and a restart does not bring them back
+    assert again.apps() == ["live", "unknown", "unreachable"]
+    assert again.used_bytes == store.used_bytes

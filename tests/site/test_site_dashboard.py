@@ -68,6 +68,23 @@ def test_without_the_token_access_is_refused(site: Site) -> None:
     assert json.loads(body)["peer"] == site.cluster.name(DASHBOARD)
 
 
+def test_the_token_url_gives_a_cookie_and_no_log_holds_the_token(site: Site) -> None:
+    token = site.dashboard_url().rpartition("=")[2]
+    with urllib.request.urlopen(site.dashboard_url(), timeout=20) as r:
+        cookie = r.headers["Set-Cookie"]
+    name, _, rest = cookie.partition("=")
+    assert rest.split(";")[0] == token
+    assert {"HttpOnly", "SameSite=Strict", "Path=/"} <= {a.strip() for a in rest.split(";")}
+    status, _ = get(site.dashboard_url(token=False, path="/api/state"), {"Cookie": cookie})
+    assert status == 200
+    wrong = f"{name}={'0' * 32}"
+    assert get(site.dashboard_url(token=False, path="/api/state"), {"Cookie": wrong})[0] == 403
+    assert get(site.dashboard_url(token=False), {"Cookie": "other=" + token})[0] == 401
+    log = (site.cluster.workdir / f"{site.cluster.name(DASHBOARD)}.log").read_text()  # type: ignore[operator]
+    assert token not in log
+    assert "agiledart dashboard-url --via" in log
+
+
 def test_bad_http_gets_a_4xx_and_the_peer_lives_on(site: Site) -> None:
     assert raw(site, b"\x16\x03\x01garbage\r\n\r\n").startswith(b"HTTP/1.1 400 ")
     assert raw(site, b"GET / HTTP/1.1\r\n" + b"X-Big: " + b"a" * 100_000 + b"\r\n\r\n").startswith(
@@ -136,6 +153,8 @@ def test_dashboard_in_chromium(site: Site, tmp_path: Path) -> None:
         assert sorted(ring) == sorted(site.cluster.name(i) for i in range(site.cluster.peers))
         assert browser.evaluate("document.querySelectorAll('#ring polyline.join-path').length") > 0
         assert browser.evaluate("document.getElementById('status').textContent") == "live"
+        assert browser.evaluate("location.search") == ""  # the token left the URL
+        assert "token" not in browser.evaluate("location.href + document.cookie")  # HttpOnly
         browser.screenshot(tmp_path / "dashboard-running.png")
 
         stopped = site.apps["word-count"]
@@ -151,3 +170,10 @@ def test_dashboard_in_chromium(site: Site, tmp_path: Path) -> None:
         events = browser.evaluate("document.getElementById('events').textContent")
         assert f"app {stopped} (word-count): running -> stopped" in events
         browser.screenshot(tmp_path / "dashboard-stopped.png")
+        browser.open(site.dashboard_url(token=False))  # a reload: the cookie lets it in
+
+        def live() -> bool:
+            text = browser.evaluate("document.getElementById('status')?.textContent")
+            return bool(text == "live")
+
+        poll(live, what="the page live again without the token in its URL", timeout=30)
