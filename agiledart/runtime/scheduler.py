@@ -608,8 +608,9 @@ class Scheduler:
             del self._ending[rec.app_id]
             ending.set()
         await self._undeploy(rec)
-        if rec.checkpoint:  # its fragments are of no use now (holders sweep what is missed)
-            self._spawn(forget(self.links, holders_of(rec.checkpoint), rec.app_id))
+        holders = holders_of(rec.checkpoint) | self._unsaved_holders.pop(rec.app_id, set())
+        if holders:  # its fragments are of no use now (holders sweep what is missed)
+            self._spawn(forget(self.links, holders, rec.app_id))
         return True
 
     # -- checkpoints (agiledart.runtime.epochs) ------------------------------------------
