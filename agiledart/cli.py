@@ -378,10 +378,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(only=_command_of(argv))
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    level = getattr(logging, args.log_level.upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for chatty in ("kademlia", "rpcudp"):  # their INFO is per-lookup detail: DEBUG only
+        logging.getLogger(chatty).setLevel(level if level <= logging.DEBUG else logging.WARNING)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,7 +69,9 @@ def add_parser(sub: Any) -> None:
         description="Start N peer processes on 127.0.0.x, run an app on them (by default "
         "the bundled urban-sensing app) with a live view of throughput, latency and "
         "placement, and print a summary. Ends when the app finishes, after --duration "
-        "seconds, or on Ctrl-C; the peers' logs and the sinks' output files are kept.",
+        "seconds, or on Ctrl-C. The peers' state, logs, cluster key and the sinks' output "
+        "files go to --work-dir (kept), else to a temporary directory that is removed at "
+        "the end unless --keep is given or the app failed.",
     )
     p.add_argument(
         "--peers",
@@ -106,6 +109,17 @@ def add_parser(sub: Any) -> None:
         "--trace-dir",
         type=Path,
         help="the peers write traces here (docs/traces.md), for `agiledart analyze`",
+    )
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        metavar="DIR",
+        help="keep the peers' state, logs, cluster key and outputs in DIR (created)",
+    )
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the temporary directory (without --work-dir) after the run",
     )
     p.add_argument("--port", type=int, default=PORT, help=f"port of every peer (default {PORT})")
     p.add_argument(
@@ -482,8 +496,10 @@ def summary_text(x: dict[str, Any]) -> str:
     ]
     lines += [f"  source {n} @ {peer}" for n, peer in x["sources"].items()]
     lines += [f"  operator {op} @ {', '.join(ps)}" for op, ps in x["placement"].items()]
+    kept = x.get("kept", True)
     lines += [
-        f"  sink {n} @ {peer}: {x['outputs'].get(n) or '-'}" for n, peer in x["sinks"].items()
+        f"  sink {n} @ {peer}: {(x['outputs'].get(n) or '-') if kept else '(removed)'}"
+        for n, peer in x["sinks"].items()
     ]
     lines += [f"  path: {' -> '.join(path)}" for path in x["paths"]]
     r = x.get("relay")
@@ -495,7 +511,10 @@ def summary_text(x: dict[str, Any]) -> str:
         )
     if x.get("trace_dir"):
         lines.append(f"  traces: {x['trace_dir']}  (agiledart analyze {x['trace_dir']} --out DIR)")
-    lines.append(f"  peer logs and cluster key: {x['workdir']}")
+    if kept:
+        lines.append(f"  peer logs, cluster key and outputs: {x['workdir']}")
+    else:
+        lines.append("  peer logs and outputs removed (keep them with --work-dir DIR or --keep)")
     return "\n".join(lines)
 
 
@@ -574,12 +593,19 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
     names = [cluster.name(i) for i in range(cluster.peers)]
     spec = parse_spec(text, overrides=args.set, known_peers=names)  # fail before any peer
     run = _Run(spec=spec, text=text, overrides=list(args.set), duration=args.duration)
-    cluster.workdir = Path(tempfile.mkdtemp(prefix="agiledart-emulate-"))  # kept: outputs
+    if args.work_dir is not None:
+        args.work_dir.mkdir(parents=True, exist_ok=True)
+        cluster.workdir = args.work_dir.resolve()
+    else:
+        cluster.workdir = Path(tempfile.mkdtemp(prefix="agiledart-emulate-"))
     console = Console(stderr=args.json)
     began = time.monotonic()
-    progress = asyncio.run(_emulate(cluster, run, console))
+    progress = asyncio.run(_emulate(cluster, run, console))  # an error keeps the logs
     summary = summarize(progress, workdir=cluster.workdir, wall_s=time.monotonic() - began)
     summary["trace_dir"] = None if args.trace_dir is None else str(args.trace_dir)
+    summary["kept"] = args.keep or args.work_dir is not None or summary["state"] == "failed"
+    if not summary["kept"]:
+        shutil.rmtree(cluster.workdir, ignore_errors=True)
     if not args.json or not console.is_terminal:
         console.line()  # after the live view's last line, which may lack its newline
     if args.json:

@@ -165,7 +165,8 @@ class Peer:
             self._loops.append(self._group.create_task(self.zoning.gossip_loop()))
         if self.central is not None and self.central.is_master:
             self._loops.append(self._group.create_task(self.central.run()))
-        log.info("peer %s (%s) listening on %s:%d", self.name, ids.short(self.node_id), host, port)
+        # the CLI prints "peer NAME listening on ..." for people; the id is for debugging
+        log.debug("peer %s (%s) listening on %s:%d", self.name, ids.short(self.node_id), host, port)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

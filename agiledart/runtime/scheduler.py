@@ -424,6 +424,11 @@ class Scheduler:
             *(self._call(addresses[p], "start", {"app_id": rec.app_id}) for p in peers)
         )
         rec.state = "running"
+        log.info(
+            "app %s running (generation %d): %s",
+            rec.app_id, rec.generation,
+            ", ".join(f"{op} @ {'+'.join(ps)}" for op, ps in hosts.items()),
+        )  # fmt: skip
         await self._save(rec)
         self._follow_checkpoints(rec)
 

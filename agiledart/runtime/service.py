@@ -525,6 +525,8 @@ class AppRuntime:
     def _membership(self, event: MembershipEvent) -> None:
         """A leaf-set peer declared dead: the apps this peer schedules that it hosted
         are recovered (their scheduler notices; an instance sending to it may too)."""
+        if event.kind is Membership.JOINED and event.contact.name:
+            log.info("%s joined this peer's leaf set", event.contact.name)
         if event.kind is not Membership.DEAD or not event.contact.name or self._group is None:
             return
         dead = event.contact

@@ -67,7 +67,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def test_emulate_runs_urban_sensing_to_the_end_and_leaves_nothing_behind(tmp_path: Path) -> None:
     proc = subprocess.run(
-        emulate(free_port(), "--peers", "5", "--json", *sets(QUICK)),
+        emulate(
+            free_port(), "--peers", "5", "--json", "--work-dir", str(tmp_path / "run"), *sets(QUICK)
+        ),
         capture_output=True,
         text=True,
         timeout=240,
@@ -96,7 +98,8 @@ def test_emulate_runs_urban_sensing_to_the_end_and_leaves_nothing_behind(tmp_pat
     assert summary["submitted_via"] in set(PEERS) - pinned
     # the output files the summary names hold exactly what the app computes
     workdir = Path(summary["workdir"])
-    assert workdir.parent == tmp_path
+    assert workdir == tmp_path / "run"
+    assert summary["kept"] is True
     expected = reference_outputs(spec)
     written = 0
     for sink in spec.sinks:
@@ -160,6 +163,8 @@ def test_ctrl_c_stops_the_app_prints_the_summary_and_leaves_nothing_behind(
     assert summary["app_id"] == app_id
     assert summary["interrupted"] is True
     assert summary["state"] == "stopped"
+    assert summary["kept"] is False
+    assert not workdir.exists()  # a temporary directory, removed (no --keep, no --work-dir)
     assert 0 < summary["records_in"] < 2 * 10_000_000
     assert set(summary["placement"]) == {o.id for o in apps.load("urban-sensing").operators}
     assert processes_mentioning(str(tmp_path)) == []
