@@ -43,9 +43,10 @@ def _add_key_options(p: argparse.ArgumentParser) -> None:
 def _add_via(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--via",
-        metavar="HOST:PORT",
+        metavar="HOST:PORT|NAME",
         default=os.environ.get(ENV_PEER),
-        help=f"any peer of the cluster (default ${ENV_PEER})",
+        help=f"any peer of the cluster (default ${ENV_PEER}); a peer's name is looked up "
+        f"through ${ENV_PEER}'s peer",
     )
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait (default 10)")
     _add_key_options(p)
@@ -486,10 +487,48 @@ async def call_peer(args: argparse.Namespace, rpc: str, body: dict[str, Any]) ->
     if not args.via:
         msg = f"no peer to talk to: pass --via HOST:PORT or set ${ENV_PEER}"
         raise ConfigError(msg)
-    host, port = parse_address(args.via)
+    via = args.via if _is_address(args.via) else await _address_of_name(args, args.via)
+    host, port = parse_address(via)
     client = await FrameClient.connect(host, port, key=_key(args), name="cli", timeout=args.timeout)
     async with client:
         return await client.request(rpc, body, timeout=args.timeout)
+
+
+def _is_address(text: str) -> bool:
+    """``HOST:PORT`` (or ``[v6]:PORT``) rather than a peer's name."""
+    _, sep, port = text.rpartition(":")
+    return bool(sep) and port.isdigit()
+
+
+async def _address_of_name(args: argparse.Namespace, name: str) -> str:
+    """The address of the peer called ``name``, as ``$AGILEDART_PEER``'s peer knows it
+    (its contacts, else a route through the ring to the name's record)."""
+    from agiledart.overlay.errors import ConfigError
+    from agiledart.overlay.tcp import RemoteError
+
+    entry = os.environ.get(ENV_PEER)
+    if not entry or not _is_address(entry):
+        msg = (
+            f"--via {name}: a peer's name is looked up through ${ENV_PEER} (HOST:PORT of "
+            "any peer), which is not set; pass --via HOST:PORT instead"
+        )
+        raise ConfigError(msg)
+    lookup = argparse.Namespace(**{**vars(args), "via": entry})
+    ring = await call_peer(lookup, "ring", {})
+    for peer in ring.get("peers", ()):
+        if peer.get("name") == name:
+            return str(peer["address"])
+    if ring.get("self") == name:
+        return entry
+    unknown = f"--via {name}: no peer of that name is known to {ring.get('self')} ({entry})"
+    try:
+        route = await call_peer(lookup, "route", {"to": name})
+    except RemoteError as exc:  # the name resolves to no record
+        raise ConfigError(unknown) from exc
+    last = (route.get("path") or [{}])[-1]
+    if last.get("name") != name:
+        raise ConfigError(unknown)
+    return str(last["address"])
 
 
 def _cmd_ring(args: argparse.Namespace) -> int:
