@@ -22,7 +22,7 @@ lint:
 	$(BIN)/ruff format --check .
 
 # mypy does not follow setuptools' package-dir mapping in an editable install, so the
-# strict type check runs over a plain install of the package (see DESIGN.md §1).
+# strict type check runs over a plain install of the package.
 typecheck:
 	@rm -rf $(TYPECHECK)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps . --target $(TYPECHECK) 2>/dev/null

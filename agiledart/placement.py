@@ -1,4 +1,4 @@
-"""Operator placement from JOIN routing paths (paper §IV-B, Fig. 5; DESIGN §3 step 4).
+"""Operator placement from JOIN routing paths (paper §IV-B, Fig. 5; docs/placement.md).
 
 Theory of operation
 -------------------

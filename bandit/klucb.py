@@ -1,4 +1,4 @@
-"""The KL-UCB link cost ω of Algorithm 1 (paper §V-B; DESIGN.md §4).
+"""The KL-UCB link cost ω of Algorithm 1 (paper §V-B).
 
 Theory of operation
 -------------------

@@ -12,7 +12,7 @@ simulator drives one packet at a time:
    ``record(link, 1, 0)`` / ``record(link, 1, 1)``; a hop retried until success may
    report in one call.
 
-Policies (paper §V, §VII-F/G; DESIGN.md §4):
+Policies (paper §V, §VII-F/G):
 
 * :class:`KlUcbRouting` (AgileDART): next hop = argmin_w ω(v, w) + J(w), ω the KL-UCB
   cost, J shortest paths over ω. ``hops`` gives the "hops considered" ablation.

@@ -1,6 +1,6 @@
 """Erasure-coded checkpoints: state bytes -> n = m + k fragments, any m rebuild it.
 
-Theory of operation (paper §IV-D, Fig. 6; DESIGN.md §4 "Erasure-coded state"). A
+Theory of operation (paper §IV-D, Fig. 6; docs/recovery.md). A
 snapshot of B bytes is cut into m data blocks and zfec (Reed-Solomon over GF(2^8))
 adds k parity blocks; the n = m + k fragments go to n leaf-set peers, and any m of them
 rebuild the state, so up to k holders may be lost. A restoring peer downloads B/m from

@@ -1,8 +1,8 @@
 """One erasure-coded fragment of one stripe of a checkpoint, and its wire format.
 
 A fragment carries everything needed to check it alone and to decode it with any m-1
-others (DESIGN.md §4: "store k, m, the fragment index, the padding length and a digest
-with every fragment"). On the wire it is one msgpack array::
+others (it stores k, m, the fragment index, the padding length and a digest
+with every fragment). On the wire it is one msgpack array::
 
     [1, app, instance, epoch, stripe, last, index, m, k, length, padding,
      state_digest, block_digest, block]

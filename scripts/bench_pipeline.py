@@ -18,7 +18,7 @@ per record that passes the filter. Figures, all measured here, side by side:
 Each figure is the best of ``--repeat`` runs (default 3; every run is logged to
 stderr), as ``timeit`` advises on a shared machine: slower runs measure the
 neighbours. ``cpu_steal_pct`` is the share of CPU time the hypervisor took during the
-whole benchmark. As every benchmark (DESIGN, BENCHMARKS.md): runnable on 2 cores, one
+whole benchmark. As every benchmark (BENCHMARKS.md): runnable on 2 cores, one
 JSON object on the last line with ``--json``; progress goes to stderr.
 
     python scripts/bench_pipeline.py [--records N] [--repeat R] [--json] [--skip-engine]

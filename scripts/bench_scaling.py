@@ -1,4 +1,4 @@
-"""Elastic scaling under input steps (issue 8; paper §IV-C; DESIGN §4).
+"""Elastic scaling under input steps (issue 8; paper §IV-C; docs/scaling.md).
 
 A bottleneck operator runs at its right parallelism for the base load; at ``t = 10 s``
 its input rate steps up by x2 (one run) and x4 (another). The peer-side driver

@@ -1,4 +1,4 @@
-"""Offline analysis of peer traces with PySpark (DESIGN.md §3 step 9; docs/traces.md).
+"""Offline analysis of peer traces with PySpark (docs/traces.md).
 
 ``agiledart analyze TRACE_DIR --out DIR`` reads every peer's trace files in one Spark
 job whose tasks parse them with Arrow against each record type's explicit schema

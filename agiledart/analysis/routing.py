@@ -1,7 +1,7 @@
 """Shuffle path planning: regret, path choices, delays (``delivery``) and hop attempts
 (``shuffle``); the paper's Figs. 14-17.
 
-Regret (DESIGN.md §4) per (policy, graph, origin, dest), packets ordered by ``k``::
+Regret (paper §V) per (policy, graph, origin, dest), packets ordered by ``k``::
 
     R(K) = Σ_{k <= K} delay_ms(k) - K · optimal_ms
 

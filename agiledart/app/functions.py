@@ -1,7 +1,7 @@
 """Function references: ``fn: "<code_id>:<function>"`` or ``fn: "builtin:<name>"``.
 
 A *resolver* turns a reference into a callable. The registered-code machinery (Pluto,
-DESIGN §3.1) provides one for code ids; :func:`builtin_resolver` handles the
+:mod:`agiledart.runtime.code`) provides one for code ids; :func:`builtin_resolver` handles the
 ``builtin:`` library (:mod:`agiledart.app.builtins`) and hands anything else to the
 fallback it wraps. Per-op contracts of the resolved function:
 

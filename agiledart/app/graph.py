@@ -1,6 +1,6 @@
 """The app as a graph: topological order, cycles, chains, merge points.
 
-Placement (DESIGN §3.4) lays operators along each source-to-sink path in topological
+Placement (docs/placement.md) lays operators along each source-to-sink path in topological
 order and needs the points where paths meet (operators with more than one input: the
 rendezvous of JOIN routing). These helpers answer those questions for a validated
 :class:`~agiledart.app.spec.AppSpec`; the ``*_of`` variants work on a bare

@@ -163,7 +163,7 @@ class SinkSpec:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointSpec:
-    """Checkpoint settings (DESIGN §3.8): barrier interval, policy, fragments m + k.
+    """Checkpoint settings (docs/recovery.md): barrier interval, policy, fragments m + k.
 
     ``mode``: ``restart`` (no state saved; stateless or short-lived apps), ``erasure``
     (snapshots split into ``m`` fragments, zfec-encoded to ``m + k``), ``replication``
@@ -182,7 +182,7 @@ class CheckpointSpec:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ScalingSpec:
-    """Elastic scaling (DESIGN §3.7, §4; paper §IV-C): the ``scaling:`` block.
+    """Elastic scaling (paper §IV-C; docs/scaling.md): the ``scaling:`` block.
 
     Off unless ``enabled``; the health score and the controllers' would-be decisions
     are reported either way. ``target`` is f*, ``max_instances`` bounds the instances

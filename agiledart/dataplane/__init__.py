@@ -1,4 +1,4 @@
-"""The sans-IO core of the data plane between operator instances (DESIGN.md §3 step 5).
+"""The sans-IO core of the data plane between operator instances (docs/architecture.md).
 
 Plain objects over values, driven by a transport that owns sockets and timers:
 

@@ -1,4 +1,4 @@
-"""Batches: the unit that travels between operator instances (DESIGN.md §3 step 5).
+"""Batches: the unit that travels between operator instances (docs/architecture.md).
 
 Wire form (msgpack map, short keys to keep frames small)::
 

@@ -1,4 +1,4 @@
-"""Credit-based flow control between two operator instances (DESIGN.md §3 step 5).
+"""Credit-based flow control between two operator instances (docs/architecture.md).
 
 Theory of operation: the receiver owns a bounded input queue of ``capacity`` units
 (records or batches: the caller picks one and sticks to it). The sender may only send

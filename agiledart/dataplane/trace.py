@@ -1,4 +1,4 @@
-"""Trace sampling (DESIGN.md §3 step 9): a fraction of tuples carry a trace id and
+"""Trace sampling (docs/traces.md): a fraction of tuples carry a trace id and
 their source timestamp; the sink subtracts to get end-to-end latency.
 
 Theory of operation: instead of drawing a uniform number per tuple, the sampler draws

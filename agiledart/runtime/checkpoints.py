@@ -1,4 +1,4 @@
-"""Erasure-coded checkpoints over the network (paper §IV-D; DESIGN.md §3 step 8).
+"""Erasure-coded checkpoints over the network (paper §IV-D; docs/recovery.md).
 
 Two halves:
 

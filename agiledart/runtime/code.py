@@ -1,4 +1,4 @@
-"""Registered code (Pluto stage 1, DESIGN §3 step 1): bundles stored by their sha256.
+"""Registered code (Pluto stage 1; docs/apps.md): bundles stored by their sha256.
 
 A *bundle* is a Python module (one ``.py`` file) or a small package (a directory with
 an ``__init__.py``). Its *content* is the module's source, or for a package a canonical

@@ -1,4 +1,4 @@
-"""The scaling controllers of one app instance on one peer (paper §IV-C; DESIGN §3.7).
+"""The scaling controllers of one app instance on one peer (paper §IV-C; docs/scaling.md).
 
 Every peer runs, for every operator group (segment) it hosts, one
 :class:`~agiledart.scaling.ScalingController`, and drives it from the live counters of

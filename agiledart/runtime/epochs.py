@@ -1,4 +1,4 @@
-"""Aligned checkpoint barriers (paper §IV-D; DESIGN.md §3 step 8).
+"""Aligned checkpoint barriers (paper §IV-D; docs/recovery.md).
 
 The app's scheduler cuts the stream into *epochs*: every ``interval_ms`` it asks each
 source peer to inject barrier E into its sources' output, in order with the records

@@ -1,4 +1,4 @@
-"""The scheduler role (DESIGN §3 steps 3-4): validate, record, JOIN-route, place, deploy.
+"""The scheduler role (docs/architecture.md): validate, record, JOIN-route, place, deploy.
 
 The peer that receives ``submit`` plays the scheduler of the app for now; the zone
 schedulers of a later issue implement the same :class:`SchedulerRole` interface and

@@ -1,4 +1,4 @@
-"""agiledart.scaling: elastic scaling of operators (paper §IV-C, DESIGN.md §3 step 7, §4).
+"""agiledart.scaling: elastic scaling of operators (paper §IV-C, docs/scaling.md).
 
 Pure: values in, decisions out; the time is passed in, nothing is read from a clock.
 

@@ -1,4 +1,4 @@
-"""One operator's scaling controller (paper §IV-C; DESIGN.md §3 step 7).
+"""One operator's scaling controller (paper §IV-C; docs/scaling.md).
 
 Every peer runs one :class:`ScalingController` per operator it hosts; decisions are
 local, there is no master. The driver (the peer's runtime, once a second or so) passes

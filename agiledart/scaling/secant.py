@@ -10,14 +10,14 @@ per phase, so the rule is the secant method over the last two phases' points
 
 It needs no model of the operator: contention for cores, a slower peer or a costlier
 record mix all show up in the measured points. The raw formula is
-:func:`secant_estimate`. :meth:`SecantRule.step` wraps it in the guards of DESIGN.md
-§4 and in the safeguards that make a root finder usable on noisy integer data:
+:func:`secant_estimate`. :meth:`SecantRule.step` wraps it in the safeguards that make
+a root finder usable on noisy integer data:
 
 1. Dead-band: |f_n − f*| <= ``tolerance`` -> keep x_n. Noise smaller than the band
    never moves the count. f < 1 always, so f* = 1 needs a tolerance > 0 (it then
    means f >= 1 − tolerance).
-2. No usable slope: no previous point (the first decision), equal f values (DESIGN's
-   guard), f falling as capacity rose (noise: f rises with capacity), or, for a step
+2. No usable slope: no previous point (the first decision), equal f values,
+   f falling as capacity rose (noise: f rises with capacity), or, for a step
    up, f values within ``resolution`` of each other (the noise floor: extrapolating
    a slope between two points closer than the noise extrapolates the noise, and a
    step up has no bound but ``max_instances``). Then step by one toward the target; but

@@ -1,4 +1,4 @@
-"""Traces: what peers record for the offline analysis (DESIGN.md §3 step 9).
+"""Traces: what peers record for the offline analysis (docs/traces.md).
 
 :mod:`agiledart.traces.schema` defines the records, :mod:`agiledart.traces.writer`
 writes them. ``agiledart analyze`` (:mod:`agiledart.analysis`) reads them with Spark.

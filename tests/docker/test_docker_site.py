@@ -1,4 +1,4 @@
-"""A multi-node site in docker compose (DESIGN.md §6, issue 10): images built from the
+"""A multi-node site in docker compose (docs/docker.md, issue 10): images built from the
 local Debian base with no registry, Mosquitto, the sensor simulator and 6 peers in
 three zones; apps submitted with the CLI from inside peer containers; a peer hosting a
 stateful operator ``docker kill``-ed; a peer cut off with ``docker network disconnect``

@@ -6,7 +6,7 @@ table), :mod:`.pool` the connections (the only module that imports ``aiomqtt``),
 
 Theory of operation
 -------------------
-**One connection per broker** (Pluto, ``papers/DIGESTS.md``: queries share broker
+**One connection per broker** (as in Pluto, queries share broker
 connections). A :class:`BrokerPool` belongs to a peer; every app on the peer asks it
 for a :meth:`~BrokerPool.subscribe` or a :meth:`~BrokerPool.lease`, and it keeps one
 MQTT connection per :class:`BrokerOptions` (address, TLS, credentials) for as long as
