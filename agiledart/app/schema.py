@@ -206,7 +206,11 @@ SOURCE_PARAMS: Mapping[str, tuple[Param, ...]] = {
     ),
 }
 SINK_PARAMS: Mapping[str, tuple[Param, ...]] = {
-    "file": (_p("path", "str", required=True), _p("format", "enum", choices=_FORMATS)),
+    "file": (
+        _p("path", "str", required=True),
+        _p("format", "enum", choices=_FORMATS),
+        _p("flush_ms", "nonnegint", default=1000, **_MS),
+    ),
     "mqtt": (
         _p("topic", "topic_template", required=True),
         *_MQTT,

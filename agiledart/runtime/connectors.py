@@ -406,6 +406,10 @@ class FileSink:
         self.stats = SinkStatistics()
         self._columns: list[str] | None = None
         self._closed = False
+        #: written records reach the file (the OS) within this long: a low-rate sink's
+        #: output shows while the app runs, not only at its end (0: after every batch)
+        self.flush_s = int(spec.params.get("flush_ms", 1000)) / 1000.0
+        self._flush_timer: asyncio.TimerHandle | None = None
         with self._errors("cannot write"):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if resume is None:
@@ -478,6 +482,25 @@ class FileSink:
         self.stats.records += len(records)
         self.stats.batches += 1
         self.stats.bytes += len(data)
+        self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        """Flush within :attr:`flush_s` (now when 0, or outside an event loop)."""
+        if self._flush_timer is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or self.flush_s <= 0:
+            self.flush()
+            return
+        self._flush_timer = loop.call_later(self.flush_s, self._flush_due)
+
+    def _flush_due(self) -> None:
+        self._flush_timer = None
+        with contextlib.suppress(ExecutionError):  # the next write or commit says why
+            self.flush()
 
     def flush(self) -> None:
         if not self._closed:
@@ -487,6 +510,9 @@ class FileSink:
     def close(self) -> None:
         if self._closed:
             return
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
         self._closed = True
         with self._errors("cannot write"):
             self._file.close()
