@@ -226,7 +226,20 @@ function drawApps(state) {
         el("span", { class: "figure" }, el("b", {}, fmt(t.latency_p50_ms)), " ms p50"),
         el("span", { class: "figure" }, el("b", {}, fmt(t.latency_p99_ms)), " ms p99"),
         el("span", { class: "figure" }, `${fmt(t.source_records, 0)} in, ${fmt(t.sink_records, 0)} out`),
+        el("span", { class: `figure${t.errors ? " error" : ""}`, "data-role": "errors" }, `${fmt(t.errors || 0, 0)} errors`),
         sparkline(series)));
+    const problems = Object.entries(app.problems || {});
+    if (problems.length) {
+      const list = el("ul", { class: "problems", "data-role": "problems" });
+      for (const [op, p] of problems) {
+        for (const e of p.recent || []) {
+          list.append(el("li", { class: "error" },
+            `${op}: ${e.count || 1} \u00d7 ${e.type}: ${e.message}` + (e.peer ? ` on ${e.peer}` : "") +
+            (e.record ? ` (e.g. ${e.record})` : "")));
+        }
+      }
+      card.append(list);
+    }
     if (app.graph && app.graph.nodes.length) card.append(el("div", { class: "graph" }, drawGraph(app.graph)));
     if (app.paths && app.paths.length) {
       const list = el("ol", { class: "paths" });

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from agiledart.errors import AgiledartError
 from agiledart.overlay.auth import ClusterKey
 from agiledart.overlay.leafset import MembershipEvent
-from agiledart.site.graph import app_graph, changes
+from agiledart.site.graph import app_graph, changes, incidents
 from agiledart.site.http import Request, Response
 
 if TYPE_CHECKING:
@@ -224,6 +224,7 @@ class Dashboard:
         summary = {
             "peers": {p["name"]: p["reachable"] for p in peers},
             "apps": {a["app_id"]: (a["name"], a["state"]) for a in apps},
+            "incidents": {a["app_id"]: a.pop("_incidents", {}) for a in apps},
         }
         for text in changes(self._last, summary):
             self.note(text)
@@ -298,6 +299,9 @@ class Dashboard:
             totals=status.get("totals", {}),
             paths=status.get("paths", []),
             graph=app_graph(self._specs[app_id], status),
+            problems=status.get("problems") or {},
+            recoveries=status.get("recoveries") or [],
+            _incidents=incidents(status),
         )
         return entry
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["app_graph", "changes"]
+__all__ = ["app_graph", "changes", "incidents"]
 
 
 def app_graph(spec: Any, status: Mapping[str, Any]) -> dict[str, Any]:
@@ -23,6 +23,8 @@ def app_graph(spec: Any, status: Mapping[str, Any]) -> dict[str, Any]:
     placement = _mapping(status.get("placement"))
     pinned = {**_mapping(status.get("sources")), **_mapping(status.get("sinks"))}
     loads = _loads(_mapping(status.get("peers")))
+    if status.get("state") in ("finished", "failed", "stopped"):  # nothing moves any more
+        loads = {op: {**load, "rate": 0.0, "queued": 0.0} for op, load in loads.items()}
     nodes: list[dict[str, Any]] = []
     inputs: dict[str, list[str]] = {}
     for kind, key in (("source", "sources"), ("operator", "operators"), ("sink", "sinks")):
@@ -86,9 +88,26 @@ def _layers(inputs: Mapping[str, list[str]]) -> dict[str, int]:
     return layer
 
 
+def incidents(status: Mapping[str, Any]) -> dict[str, Any]:
+    """What of an app's ``status`` the event list follows: its recoveries and rescales,
+    the records its operators dropped by errors (and the most frequent error), its error."""
+    problems = _mapping(status.get("problems"))
+    recent = [e for p in problems.values() for e in _mapping(p).get("recent") or ()]
+    top = max(recent, key=lambda e: _number(_mapping(e).get("count")), default=None)
+    return {
+        "recoveries": [r for r in status.get("recoveries") or () if isinstance(r, Mapping)],
+        "rescales": [r for r in status.get("rescales") or () if isinstance(r, Mapping)],
+        "errors": int(_number(_mapping(status.get("totals")).get("errors"))),
+        "top_error": None
+        if not isinstance(top, Mapping)
+        else f"{top.get('type')}: {top.get('message')}",
+        "error": status.get("error"),
+    }
+
+
 def changes(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> list[str]:
     """What differs between two cluster views (``{"peers": {name: reachable}, "apps":
-    {app_id: (name, state)}}``), in words."""
+    {app_id: (name, state)}, "incidents": {app_id: incidents(status)}}``), in words."""
     if before is None:
         return []
     out: list[str] = []
@@ -103,10 +122,45 @@ def changes(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> list[
         elif now[name] and not was[name]:
             out.append(f"peer {name} answers again")
     apps_was, apps_now = _mapping(before.get("apps")), _mapping(after.get("apps"))
+    inc_was, inc_now = _mapping(before.get("incidents")), _mapping(after.get("incidents"))
     for app_id in sorted(apps_now):
         name, state = apps_now[app_id]
+        now_inc = _mapping(inc_now.get(app_id))
         if app_id not in apps_was:
             out.append(f"app {app_id} ({name}) is {state}")
-        elif apps_was[app_id][1] != state:
-            out.append(f"app {app_id} ({name}): {apps_was[app_id][1]} -> {state}")
+            continue
+        was_inc = _mapping(inc_was.get(app_id))
+        for event in list(now_inc.get("recoveries") or ())[len(was_inc.get("recoveries") or ()) :]:
+            out.append(f"app {app_id}: {_recovery(event)}")
+        for event in list(now_inc.get("rescales") or ())[len(was_inc.get("rescales") or ()) :]:
+            ops = ", ".join(event.get("operators") or ())
+            out.append(
+                f"app {app_id}: {event.get('action')} of {ops} from {event.get('from')} "
+                f"to {event.get('to') or '-'}"
+            )
+        errors = int(_number(now_inc.get("errors")))
+        if errors > int(_number(was_inc.get("errors"))):
+            top = now_inc.get("top_error")
+            out.append(
+                f"app {app_id}: {errors} record(s) dropped by errors" + (f" ({top})" if top else "")
+            )
+        if apps_was[app_id][1] != state:
+            why = now_inc.get("error") if state == "failed" else None
+            out.append(
+                f"app {app_id} ({name}): {apps_was[app_id][1]} -> {state}"
+                + (f": {why}" if why else "")
+            )
     return out
+
+
+def _recovery(event: Mapping[str, Any]) -> str:
+    ops = ", ".join(event.get("operators") or ()) or "its part"
+    if event.get("restarted"):
+        what = f"{event.get('dead')} restarted and kept {ops}"
+    else:
+        dead, by = event.get("dead"), event.get("takeover")
+        what = f"recovered from the loss of {dead} ({by} took over {ops})"
+    epoch = (
+        f", from checkpoint epoch {event.get('epoch')}" if event.get("mode") == "checkpoint" else ""
+    )
+    return what + epoch

@@ -14,7 +14,7 @@ from agiledart.overlay.auth import ClusterKey
 from agiledart.runtime.metrics import LatencyHistogram
 from agiledart.site.dashboard import Dashboard, dashboard_token
 from agiledart.site.errors import HttpError
-from agiledart.site.graph import app_graph, changes
+from agiledart.site.graph import app_graph, changes, incidents
 from agiledart.site.http import HttpLimits, Request, RequestReader, Response, encode_response
 
 LIMITS = HttpLimits()
@@ -192,3 +192,48 @@ def test_latency_histogram_buckets() -> None:
     assert h.counts[2] == 1  # (2.5, 5]
     assert h.counts[-1] == 1  # above every bound
     assert h.sum_ms == pytest.approx(70_004.5)
+
+
+def test_events_name_recoveries_rescales_errors_and_failures() -> None:
+    running = {
+        "state": "running",
+        "recoveries": [],
+        "rescales": [],
+        "totals": {"errors": 0},
+    }
+    later = {
+        "state": "failed",
+        "error": "on p2: operator logs raised ValueError",
+        "recoveries": [
+            {"dead": "p3", "takeover": "p4", "operators": ["w"], "mode": "checkpoint", "epoch": 7},
+            {"dead": "p1", "takeover": "p1", "operators": ["src"], "restarted": True},
+        ],
+        "rescales": [{"action": "scale-out", "operators": ["m"], "from": "p2", "to": "p5"}],
+        "totals": {"errors": 94},
+        "problems": {
+            "logs": {
+                "errors": 94,
+                "recent": [{"type": "ValueError", "message": "math", "count": 94}],
+            }
+        },
+    }
+    before = {"apps": {"x": ("n", "running")}, "incidents": {"x": incidents(running)}}
+    after = {"apps": {"x": ("n", "failed")}, "incidents": {"x": incidents(later)}}
+    assert changes(before, after) == [
+        "app x: recovered from the loss of p3 (p4 took over w), from checkpoint epoch 7",
+        "app x: p1 restarted and kept src",
+        "app x: scale-out of m from p2 to p5",
+        "app x: 94 record(s) dropped by errors (ValueError: math)",
+        "app x (n): running -> failed: on p2: operator logs raised ValueError",
+    ]
+    assert changes(after, after) == []
+
+
+def test_an_app_that_ended_shows_no_rates() -> None:
+    spec = {"sources": [{"id": "s"}], "operators": [{"id": "w", "op": "map", "inputs": ["s"]}]}
+    load = {"rate": 250.0, "queued": 3, "utilization": 0.5}
+    status = {"placement": {"w": ["p"]}, "peers": {"p": {"operators": {"w": load}}}}
+    (_, live) = app_graph(spec, {**status, "state": "running"})["nodes"]
+    (_, ended) = app_graph(spec, {**status, "state": "finished"})["nodes"]
+    assert live["load"]["rate"] == 250.0
+    assert ended["load"] == {"rate": 0.0, "queued": 0.0, "utilization": 0.5}
