@@ -1,6 +1,6 @@
 """The dashboard of a real peer: refused without its token, robust to bad HTTP, and, in a
-real headless Chromium, drawing each app's graph with the right peers and following an
-app that is stopped."""
+real headless Chromium, drawing each app's graph with the right peers, following an
+app that is stopped, and showing an app's errors (count, error, record, event)."""
 
 from __future__ import annotations
 
@@ -106,6 +106,38 @@ def test_bad_http_gets_a_4xx_and_the_peer_lives_on(site: Site) -> None:
     assert site.cluster.procs[DASHBOARD].poll() is None
 
 
+FAULTY = {
+    "name": "faulty",
+    "sources": [
+        {
+            "id": "src",
+            "peer": "sensor-1",
+            "connector": "generator",
+            "params": {"dataset": "counter", "rate": 100, "count": 200},
+        }
+    ],
+    "operators": [
+        {
+            "id": "scaled",
+            "op": "map",
+            "fn": "builtin:scale",
+            "params": {"field": "absent"},
+            "inputs": ["src"],
+        }
+    ],
+    "sinks": [{"id": "out", "peer": "gateway-1", "connector": "discard", "inputs": ["scaled"]}],
+}
+ERRORS_IN_PAGE = """
+(() => {
+  const card = document.querySelector('section.app[data-app-id="APP"]');
+  if (!card) return null;
+  const problems = card.querySelector('[data-role=problems]');
+  return {
+    errors: card.querySelector('[data-role=errors]').textContent,
+    problems: problems ? problems.textContent : "",
+  };
+})()
+"""
 APPS_IN_PAGE = """
 [...document.querySelectorAll('section.app')].map(card => ({
   app_id: card.dataset.appId,
@@ -177,3 +209,19 @@ def test_dashboard_in_chromium(site: Site, tmp_path: Path) -> None:
             return bool(text == "live")
 
         poll(live, what="the page live again without the token in its URL", timeout=30)
+
+        # an app whose function raises on every record: its count and error on the page
+        faulty = tmp_path / "faulty.yaml"
+        faulty.write_text(json.dumps(FAULTY))
+        app_id = cli(site.cluster, "submit", str(faulty), *site.via(0)).stdout.strip()
+
+        def shows_errors() -> dict[str, str] | None:
+            got = browser.evaluate(ERRORS_IN_PAGE.replace("APP", app_id))
+            return got if got and got["errors"] == "200 errors" and got["problems"] else None
+
+        shown = poll(shows_errors, what="the faulty app's errors on the page", timeout=60)
+        assert "KeyError: 'absent'" in shown["problems"]
+        assert "(e.g. {" in shown["problems"]  # a record that raised it
+        events = browser.evaluate("document.getElementById('events').textContent")
+        assert f"app {app_id}: 200 record(s) dropped by errors (KeyError: 'absent')" in events
+        browser.screenshot(tmp_path / "dashboard-errors.png")
