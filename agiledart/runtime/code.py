@@ -291,7 +291,9 @@ class CodeStore:
         fn = getattr(module, name, None)
         if not callable(fn):
             defined = sorted(
-                n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                n
+                for n, v in vars(module).items()
+                if callable(v) and not n.startswith("_") and _defined_in(v, module)
             )
             msg = (
                 f"registered code {code_id[:12]}... has no function {name!r}; it defines: "
@@ -375,3 +377,11 @@ class CodeStore:
             tmp = path.with_suffix(".tmp")
             tmp.write_bytes(msgpack.packb([kind, name, content], use_bin_type=True))
             tmp.replace(path)
+
+
+def _defined_in(value: Any, module: Any) -> bool:
+    """Whether ``value`` comes from the bundle itself (its module or a submodule of its
+    package), not from an import such as ``from agiledart.app import factory``."""
+    origin = getattr(value, "__module__", None)
+    name = module.__name__
+    return isinstance(origin, str) and (origin == name or origin.startswith(name + "."))

@@ -162,6 +162,20 @@ async def test_a_missing_function_lists_what_the_module_defines(tmp_path: Path) 
         store.resolver()(f"{code_id}:triple")
 
 
+async def test_what_a_bundle_imports_is_not_listed_as_its_functions(tmp_path: Path) -> None:
+    store = CodeStore(None, tmp_path)
+    source = (
+        "from agiledart.app import factory\n"
+        "from math import log\n\n\n"
+        "@factory\n"
+        "def scaled(*, k=1):\n"
+        "    return lambda r: {**r, 'v': r['v'] * k}\n"
+    )
+    code_id = await store.register(source.encode())
+    with pytest.raises(CodeError, match=r"it defines: scaled$"):
+        store.resolver()(f"{code_id}:triple")
+
+
 def test_code_ids_in_skips_builtins_and_empty_references() -> None:
     refs = [None, "builtin:identity", "a" * 64 + ":f", "a" * 64 + ":g", "b" * 64 + ":h", ""]
     assert code_ids_in(refs) == {"a" * 64, "b" * 64}
