@@ -122,7 +122,7 @@ class _Parser(NodeParser):
         sinks = [self.sink(i, s) for i, s in enumerate(self.section(body, "sinks"))]
         self.graph()
         if self.problems:
-            raise SpecError(self.problems, name=name)
+            raise SpecError(_first_per_field(self.problems), name=name)
         return AppSpec(
             name=name,
             sources=tuple(sources),
@@ -250,3 +250,15 @@ class _Parser(NodeParser):
                     f"the output of {node_id!r} reaches no sink: list it (or an operator "
                     "downstream of it) in a sink's inputs, or remove it",
                 )
+
+
+def _first_per_field(problems: list[Problem]) -> list[Problem]:
+    """One problem per field, the first found: a parameter without a value makes the
+    field it fills invalid too, and saying so again is noise."""
+    seen: set[str] = set()
+    out = []
+    for p in problems:
+        if p.path not in seen:
+            seen.add(p.path)
+            out.append(p)
+    return out

@@ -205,6 +205,25 @@ def test_param_without_value_must_be_set() -> None:
     }
 
 
+def test_a_forgotten_code_parameter_is_one_problem_per_field() -> None:
+    text = """
+name: t
+params: {code: null}
+sources:
+  - {id: s, peer: p, connector: generator, params: {dataset: urban, rate: 10, count: 10}}
+operators:
+  - {id: a, op: map, fn: "${code}:f", inputs: [s]}
+  - {id: b, op: filter, fn: "${code}:g", inputs: [a]}
+sinks:
+  - {id: o, peer: p, connector: discard, inputs: [b]}
+"""
+    with pytest.raises(SpecError) as info:
+        parse_spec(text)
+    assert info.value.paths == ("operators[0].fn", "operators[1].fn")
+    assert str(info.value).count("--set params.code=VALUE") == 2
+    assert "bad function reference" not in str(info.value)  # a follow-on of the first
+
+
 def test_unknown_param_reference() -> None:
     with pytest.raises(SpecError) as info:
         parse_spec(YAML.replace("${threshold}", "${treshold}"))
