@@ -308,6 +308,7 @@ class Peer:
             "records": {
                 "count": len(self.runtime.records.local),
                 "bytes": self.runtime.records.local.bytes,
+                "upkeep": dict(self.runtime.records.stats),
             },
             "code_loaded": self.runtime.code.loaded,
             "query_groups": self.runtime.query_groups(),

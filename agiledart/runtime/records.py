@@ -180,6 +180,7 @@ class Records:
         state_dir: Path | None = None,
         republish_s: float = 60.0,
         settle_s: float = 0.5,
+        retry_s: float = 5.0,
         upkeep_bytes_per_s: float = 2e6,
         rng: random.Random | None = None,
     ) -> None:
@@ -193,12 +194,14 @@ class Records:
         self.upkeep = Upkeep(overlay.node_id, replicas + 1)
         self.republish_s = republish_s
         self.settle_s = settle_s
+        self.retry_s = retry_s
         self.upkeep_bytes_per_s = upkeep_bytes_per_s
         self.rng = rng or random.Random()
         #: what upkeep did: offers made, values pushed, records handed to owners
         self.stats: dict[str, int] = {"offered": 0, "pushed": 0, "handed": 0, "disk_errors": 0}
         self._changed = asyncio.Event()
         self._disk = asyncio.Lock()
+        self._paced_until = 0.0  #: when the upkeep pushes so far have had their time
         overlay.on_deliver("kv", _owner)
         overlay.subscribe(self._membership)
 
@@ -357,8 +360,14 @@ class Records:
                 wanted.append(hex_key)
         return wanted
 
-    def _live_peers(self) -> dict[int, Address]:
-        return {c.node_id: (c.host, c.port) for c in self.overlay.known_peers() if c.failures == 0}
+    def _live_peers(self, *, suspects: bool = False) -> dict[int, Address]:
+        """Contacts that answer; with ``suspects``, also those that missed an answer
+        (not declared dead: still holders until they are, or a holder would be missed)."""
+        return {
+            c.node_id: (c.host, c.port)
+            for c in self.overlay.known_peers()
+            if suspects or c.failures == 0
+        }
 
     def _holder_contacts(self, key: int) -> list[tuple[int, Address]]:
         """The other holders of ``key`` as this peer sees them."""
@@ -418,14 +427,16 @@ class Records:
         self._changed.set()
 
     async def upkeep_loop(self, joined: asyncio.Event) -> None:
-        """Hand records on as the ring changes, and republish them all now and then."""
+        """Hand records on as the ring changes, and republish them all now and then;
+        a round that a holder did not answer is followed by another one soon."""
         await joined.wait()
         loop = asyncio.get_running_loop()
         next_full = loop.time() + self.settle_s  # first: offer what was reloaded
+        retry_at: float | None = None
         while True:
-            wait = max(0.0, next_full - loop.time())
+            wake = next_full if retry_at is None else min(next_full, retry_at)
             try:
-                async with asyncio.timeout(wait):
+                async with asyncio.timeout(max(0.0, wake - loop.time())):
                     await self._changed.wait()
             except TimeoutError:
                 pass
@@ -435,37 +446,42 @@ class Records:
             if full:
                 next_full = loop.time() + self.republish_s * (0.8 + 0.4 * self.rng.random())
             try:
-                await self.upkeep_round(full=full)
+                done = await self.upkeep_round(full=full)
             except (AgiledartError, OSError) as exc:
                 log.warning("records: upkeep round failed: %s", exc)
+                done = False
+            retry_at = None if done else loop.time() + self.retry_s * (0.5 + self.rng.random())
 
-    async def upkeep_round(self, *, full: bool) -> None:
+    async def upkeep_round(self, *, full: bool) -> bool:
         """One round: offer records to the holders that lack them, and hand records
-        this peer holds by no right to their owners."""
-        peers = self._live_peers()
+        this peer holds by no right to their owners; whether every holder answered."""
+        peers = self._live_peers(suspects=True)
         plan = self.upkeep.plan(self.local.stamps(), peers, full=full)
-        await asyncio.gather(
+        answered = await asyncio.gather(
             *(self._offer(p, peers[p], keys, replicate=False) for p, keys in plan.offers.items())
         )
-        for key in plan.to_owner:
-            await self._hand_to_owner(key)
+        handed = [await self._hand_to_owner(key) for key in plan.to_owner]
+        return all(answered) and all(handed)
 
-    async def _hand_to_owner(self, key: int) -> None:
+    async def _hand_to_owner(self, key: int) -> bool:
+        """Offer a record held by no right to its owner; whether the owner has it."""
         stamp = self.local.stamp(key)
         if stamp is None:
-            return
+            return True
         try:
             owner = await self.owner(key)
         except OverlayError as exc:
             log.debug("records: no route to the owner of %s: %s", ids.short(key), exc)
-            return
+            return False
         if owner is None:  # routing says this peer is the owner after all
             await self._offer_all(key)
             self.upkeep.hand(key, stamp)
-            return
-        if await self._offer(owner[0], owner[1], [key], replicate=True):
-            self.upkeep.hand(key, stamp)
-            self.stats["handed"] += 1
+            return True
+        if not await self._offer(owner[0], owner[1], [key], replicate=True):
+            return False
+        self.upkeep.hand(key, stamp)
+        self.stats["handed"] += 1
+        return True
 
     async def _offer_all(self, key: int) -> None:
         await asyncio.gather(
@@ -487,18 +503,24 @@ class Records:
             self.stats["offered"] += len(entries)
             wanted = await self._quiet(address, "kv_offer", {"items": entries})
             if not isinstance(wanted, list):
+                # a contact that does not answer is dropped after a few misses, as a
+                # Kademlia contact is, so that the next closest peer becomes a holder
+                self.overlay.note_failure(peer)
                 return False
             want = {w for w in wanted if isinstance(w, str)}
             for k in batch:
                 if f"{k:040x}" in want:
-                    ok = await self._push(peer, address, k, replicate=replicate) and ok
+                    pushed = await self._push(peer, address, k, replicate=replicate, pace=True)
+                    ok = pushed and ok
                 else:
                     stamp = self.local.stamp(k)
                     if stamp is not None:
                         self.upkeep.confirm(peer, k, stamp)
         return ok
 
-    async def _push(self, peer: int, address: Address, key: int, *, replicate: bool) -> bool:
+    async def _push(
+        self, peer: int, address: Address, key: int, *, replicate: bool, pace: bool = False
+    ) -> bool:
         item = self.local.item(key)
         if item is None:
             return True
@@ -510,11 +532,19 @@ class Records:
         reply = await self._quiet(address, "kv_add" if item.merge else "kv_put", body)
         if reply is None:
             return False
-        self.stats["pushed"] += 1
         self.upkeep.confirm(peer, key, item.stamp)
-        if self.upkeep_bytes_per_s > 0:
-            await asyncio.sleep(item.size / self.upkeep_bytes_per_s)
+        if pace:
+            self.stats["pushed"] += 1
+            await self._pace(item.size)
         return True
+
+    async def _pace(self, size: int) -> None:
+        """Keep upkeep pushes, all together, under ``upkeep_bytes_per_s``."""
+        if self.upkeep_bytes_per_s <= 0:
+            return
+        now = asyncio.get_running_loop().time()
+        self._paced_until = max(now, self._paced_until) + size / self.upkeep_bytes_per_s
+        await asyncio.sleep(self._paced_until - now)
 
 
 def _parse_key(raw: Any) -> int:

@@ -533,7 +533,13 @@ class AppRuntime:
         if not others:
             others = [c for c in self.overlay.recently_dead(60.0) if c.name != dead]
         if others:
-            pings = await asyncio.gather(*(self.overlay.ping((c.host, c.port)) for c in others[:4]))
+            try:
+                pings = await asyncio.gather(
+                    *(self.overlay.ping((c.host, c.port)) for c in others[:4])
+                )
+            except BaseException:  # cancelled (the peer is stopping): the job never runs
+                job.close()
+                raise
             if all(answer is None for answer in pings):
                 job.close()
                 log.warning("no leaf-set peer answers: cut off? not acting on %s's death", dead)

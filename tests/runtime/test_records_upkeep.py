@@ -16,13 +16,13 @@ from support.processes import free_port
 from agiledart.overlay.auth import ClusterKey
 from agiledart.overlay.config import OverlayConfig
 from agiledart.overlay.errors import ConfigError
-from agiledart.peer import Peer, PeerConfig
+from agiledart.peer import Peer, PeerConfig, UnknownPeer
 from agiledart.runtime.holders import HybridClock, Upkeep, holders
 from agiledart.runtime.recordfiles import RecordFiles
 from agiledart.runtime.records import LocalRecords, record_key
 
 KEY = ClusterKey.from_material("records-upkeep-test-key-0123456789")
-FAST = OverlayConfig(heartbeat_interval_s=0.3, misses_to_dead=2, rpc_timeout_s=0.5)
+FAST = OverlayConfig(heartbeat_interval_s=0.5, misses_to_dead=3)
 
 
 # -- pure pieces ------------------------------------------------------------------------
@@ -170,7 +170,7 @@ async def ring(root: Path) -> AsyncIterator[Ring]:
         await r.aclose()
 
 
-async def settled(r: Ring, keys: list[int], *, timeout: float = 30.0) -> set[int]:
+async def settled(r: Ring, keys: list[int], *, timeout: float = 60.0) -> set[int]:
     """Wait until each key is held by its closest live peers; the keys that are not."""
     copies = next(iter(r.peers.values())).runtime.records.copies
     loop = asyncio.get_running_loop()
@@ -241,3 +241,25 @@ async def test_a_put_refused_as_older_answers_false(tmp_path: Path) -> None:
         assert await a.get(key) == "from b"
         assert await a.put(key, "from a, after seeing b's version")
         assert await b.get(key) == "from a, after seeing b's version"
+
+
+@pytest.mark.slow
+async def test_route_finds_a_peer_it_has_no_contact_for_through_the_store(
+    tmp_path: Path,
+) -> None:
+    async with ring(tmp_path) as r:
+        for i in range(8):
+            await r.start(f"p{i}")
+        asker, far = r.peers["p0"], r.peers["p7"]
+        key = record_key("peer", "p7")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while not any(key in p.runtime.records.local for p in r.peers.values()):
+            assert loop.time() < deadline, "p7 never published its name"
+            await asyncio.sleep(0.2)
+        asker.overlay.contacts.pop(far.node_id, None)  # as if p0 had never heard of p7
+        assert all(c.name != "p7" for c in asker.overlay.known_peers())
+        routed = await asker._route({"to": "p7"}, None)  # type: ignore[arg-type]
+        assert routed["key"] == f"{far.node_id:040x}"  # the name resolved in the store
+        with pytest.raises(UnknownPeer, match="no peer named 'p99' is in the ring"):
+            await asker._route({"to": "p99"}, None)  # type: ignore[arg-type]
