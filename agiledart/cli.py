@@ -148,9 +148,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--advertise", metavar="HOST", help="address other peers should use")
     p.add_argument(
         "--state-dir",
-        default="state",
         type=Path,
-        help="where the node id and state live (default ./state)",
+        help="where the node id and state live, held by one peer at a time (default "
+        "./state/NAME, or ./state where it already holds a node id)",
     )
     p.add_argument(
         "--trace-dir",

@@ -37,6 +37,7 @@ from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.links import Links
 from agiledart.runtime.service import AppRuntime
 from agiledart.runtime.zoning import ZoneAgent
+from agiledart.statedir import StateDirLock, default_state_dir
 from agiledart.traces import NullTraceWriter, TraceWriter
 
 if TYPE_CHECKING:
@@ -54,7 +55,8 @@ class PeerConfig:
     bootstrap: Sequence[Address] = ()
     name: str = ""
     zone: str = "default"
-    state_dir: Path = Path("state")
+    #: None: ``./state/<name>`` (or ``./state`` where it already holds a node id)
+    state_dir: Path | None = None
     trace_dir: Path | None = None
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     scheduler: str = "edgewise"  #: edgewise | random | os | lachesis
@@ -92,7 +94,8 @@ class Peer:
         self.key = key
         _host, port = config.listen
         self.name = config.name or f"{socket.gethostname()}:{port}"
-        self.node_id = ids.load_or_create_node_id(config.state_dir)
+        self.state_dir = config.state_dir or default_state_dir(self.name)
+        self.node_id = ids.load_or_create_node_id(self.state_dir)
         self.overlay = OverlayNode(
             node_id=self.node_id, key=key, name=self.name, config=config.overlay
         )
@@ -109,7 +112,7 @@ class Peer:
             overlay=self.overlay,
             frames=self.frames,
             links=self.links,
-            state_dir=config.state_dir,
+            state_dir=self.state_dir,
             execution=EngineConfig(
                 scheduler=config.scheduler,
                 workers=config.workers,
@@ -137,9 +140,11 @@ class Peer:
         self._stopped = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
         self.site: Site | None = None  #: metrics endpoint and dashboard, when configured
+        self._lock: StateDirLock | None = None
 
     async def __aenter__(self) -> Peer:
         host, port = self.config.listen
+        self._lock = StateDirLock.acquire(self.state_dir, name=self.name)
         self._group = asyncio.TaskGroup()
         await self._group.__aenter__()
         try:
@@ -182,6 +187,9 @@ class Peer:
         await self.overlay.__aexit__(None, None, None)
         if self._group is not None:
             await self._group.__aexit__(None, None, None)
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     @property
     def address(self) -> Address:
@@ -316,6 +324,7 @@ class Peer:
             "records": {
                 "count": len(self.runtime.records.local),
                 "bytes": self.runtime.records.local.bytes,
+                "upkeep": dict(self.runtime.records.stats),
             },
             "code_loaded": self.runtime.code.loaded,
             "query_groups": self.runtime.query_groups(),
@@ -344,7 +353,7 @@ class Peer:
         if not isinstance(target, str) or not target:
             msg = "route needs 'to': a peer name or a 40-hex-digit key"
             raise ConfigError(msg)
-        key = self._key_of(target)
+        key = await self._key_of(target)
         result = await self.overlay.route(key, "probe", None)
         return {
             "key": f"{key:040x}",
@@ -361,19 +370,18 @@ class Peer:
             ],
         }
 
-    def _key_of(self, target: str) -> int:
+    async def _key_of(self, target: str) -> int:
+        """A key, or the id of a peer named so, known here or in the records store."""
         if len(target) == 2 * ids.ID_BYTES:
             try:
                 return int(target, 16)
             except ValueError:
                 pass
-        if target == self.name:
-            return self.node_id
-        for c in self.overlay.known_peers():
-            if c.name == target:
-                return c.node_id
-        msg = f"no peer named {target!r} is known here (see `agiledart ring`)"
-        raise UnknownPeer(msg)
+        found = await self.runtime.resolve(target)
+        if found is None:
+            msg = f"no peer named {target!r} is in the ring (see `agiledart ring`)"
+            raise UnknownPeer(msg)
+        return found[0]
 
 
 def _link_model(path: Path | None, name: str) -> LinkModel | None:

@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import hashlib
 import importlib.util
+import logging
 import os
 import re
 import sys
@@ -45,6 +46,8 @@ import msgpack
 from agiledart.app.functions import BUILTIN_PREFIX, Resolver, builtin_resolver
 from agiledart.runtime.errors import CodeError
 from agiledart.runtime.records import Records, record_key
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CHUNK_BYTES",
@@ -208,11 +211,35 @@ class CodeStore:
         self._load(code_id, bundle)
         content = bundle.content
         self._cache(code_id, bundle.kind, bundle.name, content)
+        return code_id, await self._store(code_id, bundle.kind, bundle.name, content)
+
+    async def offer_cached(self) -> int:
+        """Store every bundle of the disk cache whose manifest the records store lacks
+        (its holders all restarted without it); how many were stored. Nothing is loaded:
+        the bundles were checked when first cached, and their digests are checked again."""
+        stored = 0
+        for path in sorted(self.cache_dir.glob("*.bundle")):
+            code_id = path.stem
+            if not _ID_RE.match(code_id):
+                continue
+            try:
+                bundle = self._cached(code_id)
+            except CodeError as exc:
+                log.warning("not offering a cached bundle: %s", exc)
+                continue
+            if bundle is not None and await self._store(
+                code_id, bundle.kind, bundle.name, bundle.content
+            ):
+                stored += 1
+        return stored
+
+    async def _store(self, code_id: str, kind: str, name: str, content: bytes) -> bool:
+        """Chunks, then the manifest, unless the manifest is there; whether stored."""
         if self.records is None:
-            return code_id, False
+            return False
         manifest_key = record_key("code", code_id)
         if await self.records.get(manifest_key) is not None:
-            return code_id, False
+            return False
         chunks = [content[i : i + CHUNK_BYTES] for i in range(0, len(content), CHUNK_BYTES)]
         digests = [hashlib.sha256(c).hexdigest() for c in chunks]
         await asyncio.gather(
@@ -221,14 +248,9 @@ class CodeStore:
                 for d, c in zip(digests, chunks, strict=True)
             )
         )
-        manifest = {
-            "kind": bundle.kind,
-            "name": bundle.name,
-            "size": len(content),
-            "chunks": digests,
-        }
+        manifest = {"kind": kind, "name": name, "size": len(content), "chunks": digests}
         await self.records.put(manifest_key, manifest)
-        return code_id, True
+        return True
 
     async def fetch(self, code_ids: Iterable[str]) -> None:
         """Make every id in ``code_ids`` loadable here (CodeError names a bad one)."""

@@ -90,7 +90,7 @@ class AppRuntime:
         self.state_dir = state_dir
         self.options = options or InstanceOptions()
         self.publish_interval_s = publish_interval_s
-        self.records = Records(overlay, links)
+        self.records = Records(overlay, links, state_dir=state_dir)
         self.code = CodeStore(self.records, state_dir / "code")
         #: how this peer runs operator instances (worker pool and scheduler)
         self.engine = make_engine(execution or EngineConfig(workers=0), state_dir / "code")
@@ -117,6 +117,8 @@ class AppRuntime:
         }
         self._group: asyncio.TaskGroup | None = None
         self._publisher: asyncio.Task[None] | None = None
+        self._upkeep: asyncio.Task[None] | None = None
+        self._offerer: asyncio.Task[None] | None = None
         self._tracer: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._reports: set[asyncio.Task[None]] = set()
@@ -189,7 +191,10 @@ class AppRuntime:
 
     def start(self, group: asyncio.TaskGroup, joined: asyncio.Event) -> None:
         self._group = group
+        self.records.load()  # the peer holds its state directory by now
         self._publisher = group.create_task(self._publish_loop(joined))
+        self._upkeep = group.create_task(self.records.upkeep_loop(joined))
+        self._offerer = group.create_task(self._offer_cached_code(joined))
         if self.trace.enabled:
             self._tracer = group.create_task(self._opstats_loop())
         self.brokers.start(group)
@@ -204,8 +209,9 @@ class AppRuntime:
     async def aclose(self) -> None:
         """Stop publishing and tear down every app instance on this peer."""
         self._group = None
-        if self._publisher is not None:
-            self._publisher.cancel()
+        for loop in (self._publisher, self._upkeep, self._offerer):
+            if loop is not None:
+                loop.cancel()
         if self._tracer is not None:
             self._tracer.cancel()
         if self._sweeper is not None:
@@ -258,12 +264,26 @@ class AppRuntime:
                 "address": list(self.overlay.address),
             }
             try:
-                await self.records.put(record_key("peer", self.name), value)
+                kept = await self.records.put(record_key("peer", self.name), value)
             except AgiledartError as exc:
                 log.debug("could not publish peer record: %s", exc)
-                await asyncio.sleep(2.0)
-                continue
-            await asyncio.sleep(self.publish_interval_s)
+                kept = False
+            # refused (a newer version, say from before a clock step: ours is past it
+            # now) or failed: again soon
+            await asyncio.sleep(self.publish_interval_s if kept else 2.0)
+
+    async def _offer_cached_code(self, joined: asyncio.Event) -> None:
+        """Offer the bundles cached here back to the records store once joined, for
+        those that a restart of every holder took out of it."""
+        await joined.wait()
+        await asyncio.sleep(2.0)  # the ring's first leaf-set exchanges
+        try:
+            offered = await self.code.offer_cached()
+        except AgiledartError as exc:
+            log.warning("could not offer the cached bundles to the records store: %s", exc)
+            return
+        if offered:
+            log.info("offered %d cached bundles back to the records store", offered)
 
     async def _opstats_loop(self, interval_s: float = 1.0) -> None:
         """Trace every operator hosted here once a second (``opstats`` records)."""
@@ -557,7 +577,13 @@ class AppRuntime:
         if not others:
             others = [c for c in self.overlay.recently_dead(60.0) if c.name != dead]
         if others:
-            pings = await asyncio.gather(*(self.overlay.ping((c.host, c.port)) for c in others[:4]))
+            try:
+                pings = await asyncio.gather(
+                    *(self.overlay.ping((c.host, c.port)) for c in others[:4])
+                )
+            except BaseException:  # cancelled (the peer is stopping): the job never runs
+                job.close()
+                raise
             if all(answer is None for answer in pings):
                 job.close()
                 log.warning("no leaf-set peer answers: cut off? not acting on %s's death", dead)
