@@ -124,7 +124,7 @@ class Peer:
             trace=self.trace,
             checkpoint_rate=config.checkpoint_rate,
             data=DataPolicy.of(
-                config.data_root or config.state_dir,
+                config.data_root or self.state_dir,
                 allow_paths=config.allow_paths,
                 allow_env=config.allow_env,
             ),

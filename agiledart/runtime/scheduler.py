@@ -514,9 +514,12 @@ class Scheduler:
         if rec.state not in LIVE_STATES:
             self._specs.pop(rec.app_id, None)
         try:
-            await self.records.put(record_key("app", rec.app_id), rec.to_wire())
+            stored = await self.records.put(record_key("app", rec.app_id), rec.to_wire())
         except AgiledartError as exc:
             log.warning("could not store the record of %s: %s", rec.app_id, exc)
+            return False
+        if not stored:  # a newer write is there: this one must not count as saved
+            log.warning("the record of %s was refused as older than the one stored", rec.app_id)
             return False
         if rec.state not in LIVE_STATES and self.apps.get(rec.app_id) is rec:
             self._retire(rec.app_id)
