@@ -484,14 +484,18 @@ class Scheduler:
 
     async def sink_done(
         self, app_id: str, sink: str, info: dict[str, Any], *, generation: int = 0
-    ) -> None:
+    ) -> bool:
+        """A sink of ``app_id`` ended; False: this peer does not know the app."""
         rec = self.apps.get(app_id)
-        if rec is None or rec.state not in LIVE_STATES or generation != rec.generation:
-            return
+        if rec is None:
+            return False
+        if rec.state not in LIVE_STATES or generation != rec.generation:
+            return True
         done = self._sinks_done.setdefault(app_id, {})
         done[sink] = info
         if set(done) >= set(rec.sinks) and await self._end(rec, "finished"):
             log.info("app %s finished", app_id)
+        return True
 
     async def failed(
         self,
