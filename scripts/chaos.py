@@ -41,6 +41,7 @@ import contextlib
 import json
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -151,7 +152,9 @@ def make_schedule(seed: int) -> Schedule:
         room = MAX_DOWN - len(overlapping)
         if room < 1 or not free:
             continue
-        peers = tuple(sorted(rng.sample(free, min(width, room, len(free)))))
+        hot = [p for p in free if p in {a.via for a in apps} | {a.pin for a in apps}]
+        pool = hot if hot and rng.random() < 0.7 else free  # mostly where apps run
+        peers = tuple(sorted(rng.sample(pool, min(width, room, len(pool)))))
         faults.append(Fault(at, kind, peers, hold))
         busy += [(at, until, p) for p in peers]
     lossy = None
@@ -577,11 +580,33 @@ def _free_port() -> int:
     raise AgiledartError(msg)
 
 
+def code_version() -> str:
+    """The commit the peers run (``+`` when the tree has changes), for the record."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+" if dirty else "")
+
+
 def run_schedule(seed: int, root: Path, say: Callable[[str], None]) -> Result:
     """Make, print and run schedule ``seed`` in a fresh folder under ``root``."""
     schedule = make_schedule(seed)
     for line in schedule.lines():
         say(line)
+    say(f"  code {code_version()}")
     folder = root / f"seed-{seed}"
     folder.mkdir(parents=True, exist_ok=True)
     try:
@@ -641,6 +666,11 @@ def main(argv: list[str] | None = None) -> int:
     def say(line: str) -> None:
         print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
 
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # unwinds through every cluster's teardown
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     start = time.monotonic()
     results: list[Result] = []
     with contextlib.ExitStack() as stack:
