@@ -72,7 +72,7 @@ KNOWN = (
     ("deque index out of range", "finding 1 (IndexError in AppInstance._merge_batch)"),
     ("holders, got", "finding 4b (checkpoint m+k vs ring size)"),
     ("KeyError", "finding 6b (_restore_plan KeyError)"),
-    ("data_unknown_app", "finding 6f (downstream peer restarting before declared dead)"),
+    ("lost its instance", "finding 6f (downstream peer restarting before declared dead)"),
 )
 
 
@@ -337,12 +337,17 @@ class Outcome:
 
 
 def judge(
-    spec: AppSpec, status: dict[str, Any] | None, dead_pinned: set[str], logs: str
+    spec: AppSpec,
+    status: dict[str, Any] | None,
+    dead_pinned: set[str],
+    logs: str,
+    hint: str = "",
 ) -> Outcome:
-    """The verdict on one app from its last ``status`` (None: never answered)."""
+    """The verdict on one app from its last ``status`` (None: never answered); ``hint``
+    says what the driver saw of an app that did not end."""
     if status is None or status.get("state") not in TERMINAL:
         state = "no status" if status is None else status.get("state")
-        return _unexplained(spec.name, f"did not end (last state: {state})", logs)
+        return _unexplained(spec.name, f"did not end (last state: {state}){hint}", logs)
     if status["state"] != "finished":
         error = str(status.get("error") or "")
         if any(p in error for p in dead_pinned) and "source or sink" in error:
@@ -478,7 +483,8 @@ class Soak:
         logs = self._logs(cluster)
         (self.root / "statuses.json").write_text(json.dumps(statuses, indent=1, default=str))
         for name in ids:
-            outcome = judge(specs[name], statuses[name], dead_pinned, logs)
+            hint = await self._hint(cluster, ids[name], statuses[name])
+            outcome = judge(specs[name], statuses[name], dead_pinned, logs, hint)
             result.outcomes.append(outcome)
             note = f" ({outcome.reason})" if outcome.reason else ""
             known = f" [{outcome.known}]" if outcome.known else ""
@@ -505,6 +511,21 @@ class Soak:
             for i in fault.peers:
                 cluster.procs[i] = cluster.start(i)
                 self.killed.discard(i)
+
+    async def _hint(self, cluster: LocalCluster, app_id: str, status: dict[str, Any] | None) -> str:
+        """For an app that did not end: its hosts that answer but run none of it."""
+        if status is None or status.get("state") in TERMINAL:
+            return ""
+        hosts = set(status.get("sources", {}).values()) | set(status.get("sinks", {}).values())
+        hosts |= {p for peers in status.get("placement", {}).values() for p in peers}
+        lost = []
+        for i in range(cluster.peers):
+            if cluster.name(i) not in hosts or i in self.frozen:
+                continue
+            ring = await cluster.ring(i)
+            if ring is not None and app_id not in ring.get("apps", ()):
+                lost.append(cluster.name(i))
+        return f"; {', '.join(lost)} lost its instance" if lost else ""
 
     def _kill(self, cluster: LocalCluster, i: int) -> None:
         if cluster.procs[i].poll() is None:
