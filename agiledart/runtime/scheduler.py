@@ -719,16 +719,28 @@ class Scheduler:
             await self.records.add(record_key("scheduling", self.name), rec.app_id)
             async with self._recovering.setdefault(rec.app_id, asyncio.Lock()):
                 started = time.monotonic()
-                if dead not in rec.hosts():  # nothing of it ran there: it runs on
-                    await self._rebind(rec)
-                    continue
-                if dead in rec.sources.values() or dead in rec.sinks.values():
-                    await self._fail(rec, f"peer {dead}, which hosts a source or sink, died")
+                lost = dead
+                if dead not in rec.hosts():  # nothing of it ran there: it runs on,
+                    silent = await self._silent_hosts(rec)
+                    if not silent:
+                        await self._rebind(rec)
+                        continue
+                    # unless a host died too: its death was news while nobody
+                    # scheduled the app, and its instances told the dead scheduler
+                    lost = silent[0]
+                if lost in rec.sources.values() or lost in rec.sinks.values():
+                    await self._fail(rec, f"peer {lost}, which hosts a source or sink, died")
                     continue
                 try:
-                    await self._restart_without(rec, dead, started)
+                    await self._restart_without(rec, lost, started)
                 except AgiledartError as exc:
-                    await self._fail(rec, f"recovery from the loss of {dead} failed: {exc}")
+                    await self._fail(rec, f"recovery from the loss of {lost} failed: {exc}")
+
+    async def _silent_hosts(self, rec: AppRecord) -> list[str]:
+        """The hosts of ``rec`` that do not answer (other than this peer)."""
+        hosts = sorted(p for p in rec.hosts() if p != self.name)
+        answers = await asyncio.gather(*(self._answers(rec, p) for p in hosts))
+        return [p for p, ok in zip(hosts, answers, strict=True) if not ok]
 
     def schedules(self, app_id: str) -> bool:
         """Whether this peer schedules ``app_id`` and it is live."""

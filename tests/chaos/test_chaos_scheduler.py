@@ -13,6 +13,7 @@ the scheduler."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from support.apps import check_outputs, log_sizes
-from support.processes import cli_json, formed_cluster, poll
+from support.processes import cli_json, formed_cluster, poll, try_cli_json
 
 from agiledart.app import parse_spec
 from agiledart.apps.probes import counting
@@ -30,6 +31,7 @@ pytestmark = [pytest.mark.processes]
 
 PEERS = 6
 EDGE_1 = 4  # schedules the app and hosts none of it
+EDGE_2 = 5  # hosts its map and running count
 ASK = 3  # gateway-2 answers status
 
 
@@ -47,8 +49,8 @@ def status(cluster: LocalCluster, app_id: str) -> dict[str, Any]:
     return dict(cli_json(cluster, "status", app_id, "--via", via(cluster, ASK)))
 
 
-def start_app(cluster: LocalCluster) -> tuple[dict[str, Any], str]:
-    raw = counting("edge-2", count=4_000, rate=1_000)
+def start_app(cluster: LocalCluster, count: int = 4_000) -> tuple[dict[str, Any], str]:
+    raw = counting("edge-2", count=count, rate=1_000)
     raw["operators"][0]["peer"] = "sensor-1"  # nothing of the app on edge-1
     assert cluster.workdir is not None
     path = cluster.workdir / "counting.yaml"
@@ -63,8 +65,8 @@ def start_app(cluster: LocalCluster) -> tuple[dict[str, Any], str]:
 
 def ended(cluster: LocalCluster, app_id: str) -> dict[str, Any]:
     def done() -> dict[str, Any] | None:
-        s = status(cluster, app_id)
-        return s if s["state"] in ("finished", "failed", "stopped") else None
+        s = try_cli_json(cluster, "status", app_id, "--via", via(cluster, ASK))
+        return s if s is not None and s["state"] in ("finished", "failed", "stopped") else None
 
     return dict(poll(done, what=f"{app_id} to end", timeout=90))
 
@@ -89,4 +91,22 @@ def test_a_scheduler_restarted_before_it_is_declared_dead_takes_its_apps_back(
     site.procs[EDGE_1] = site.start(EDGE_1)  # same state dir: same name and node id
     s = ended(site, app_id)
     assert s["state"] == "finished", s.get("error")
+    check_outputs(site, parse_spec(raw), s, logs)
+
+
+def test_a_host_dies_while_its_scheduler_is_frozen_and_the_adopter_recovers_it(
+    site: LocalCluster,
+) -> None:
+    """Chaos seed 18: a host's death is news while nobody schedules the app (the
+    scheduler is gone, its adopter has not taken the app yet): the instances and the
+    host's neighbour tell the old scheduler, which never answers. The adopter finds
+    the silent host itself and restarts the app without it."""
+    logs = log_sizes(site)
+    raw, app_id = start_app(site, count=12_000)  # the count and the map run on edge-2
+    site.procs[EDGE_1].send_signal(signal.SIGSTOP)  # frozen for good: killed below
+    site.kill(EDGE_2)
+    s = ended(site, app_id)
+    site.kill(EDGE_1)
+    assert s["state"] == "finished", s.get("error")
+    assert [e["dead"] for e in s["recoveries"]] == ["edge-2"]
     check_outputs(site, parse_spec(raw), s, logs)
