@@ -702,7 +702,11 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() - start > args.time_limit:
                 say(f"time limit reached after {n - 1} schedules")
                 break
-            result = run_schedule(seed, root, say)
+            try:
+                result = run_schedule(seed, root, say)
+            except (KeyboardInterrupt, asyncio.CancelledError):
+                say(f"interrupted during schedule {seed} (not counted)")
+                break
             results.append(result)
             for peer in result.taken_down:
                 say(f"  peer taken down: {peer}")
