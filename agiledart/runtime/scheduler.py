@@ -838,6 +838,12 @@ class Scheduler:
             log.info("app %s: %s died; %s takes over", rec.app_id, lost, takeover[0])
         rec.addresses = {p: list(a) for p, a in addresses.items() if p in rec.hosts()}
         await self._undeploy(rec)
+        if rec.state not in LIVE_STATES or rec.app_id in self._ending:
+            # every sink ended meanwhile (their reports were held up while this peer
+            # was frozen or busy): the output is whole, and a new generation would
+            # start the file sinks over under an app that then ends
+            log.info("app %s ended while it was being recovered", rec.app_id)
+            return
         rec.placement = {
             op: list(dict.fromkeys(moved.get(p, p) for p in peers))
             for op, peers in rec.placement.items()
