@@ -229,6 +229,8 @@ class Peer:
             handlers = self.zoning.handlers()
             runtime.submitter = self.zoning.submit
             runtime.adopter = self.zoning.adopt
+            zoning = self.zoning
+            runtime.on_resumed = lambda: zoning.become_scheduler("resumed")
         elif mode == "central":
             if not self.config.master:
                 msg = "--scheduling central needs --master NAME (the master peer)"

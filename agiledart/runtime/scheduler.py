@@ -556,14 +556,18 @@ class Scheduler:
 
     async def sink_done(
         self, app_id: str, sink: str, info: dict[str, Any], *, generation: int = 0
-    ) -> None:
+    ) -> bool:
+        """A sink of ``app_id`` ended; False: this peer does not know the app."""
         rec = self.apps.get(app_id)
-        if rec is None or rec.state not in LIVE_STATES or generation != rec.generation:
-            return
+        if rec is None:
+            return False
+        if rec.state not in LIVE_STATES or generation != rec.generation:
+            return True
         done = self._sinks_done.setdefault(app_id, {})
         done[sink] = info
         if set(done) >= set(rec.sinks) and await self._end(rec, "finished"):
             log.info("app %s finished", app_id)
+        return True
 
     async def failed(
         self,
@@ -827,22 +831,35 @@ class Scheduler:
             await self.records.add(record_key("scheduling", self.name), rec.app_id)
             async with self._recovering.setdefault(rec.app_id, asyncio.Lock()):
                 started = time.monotonic()
-                if dead not in rec.hosts():  # nothing of it ran there: it runs on
-                    await self._rebind(rec)
-                    continue
-                if dead in rec.sources.values() or dead in rec.sinks.values():
-                    await self._fail(rec, f"peer {dead}, which hosts a source or sink, died")
+                lost = dead
+                if dead not in rec.hosts():  # nothing of it ran there: it runs on,
+                    silent = await self._silent_hosts(rec)
+                    if not silent:
+                        await self._rebind(rec)
+                        continue
+                    # unless a host died too: its death was news while nobody
+                    # scheduled the app, and its instances told the dead scheduler
+                    lost = silent[0]
+                if lost in rec.sources.values() or lost in rec.sinks.values():
+                    await self._fail(rec, f"peer {lost}, which hosts a source or sink, died")
                     continue
                 try:
-                    await self._restart_without(rec, dead, started)
+                    await self._restart_without(rec, lost, started)
                 except AgiledartError as exc:
-                    await self._fail(rec, f"recovery from the loss of {dead} failed: {exc}")
+                    await self._fail(rec, f"recovery from the loss of {lost} failed: {exc}")
 
-    async def resume_own(self) -> None:
+    async def _silent_hosts(self, rec: AppRecord) -> list[str]:
+        """The hosts of ``rec`` that do not answer (other than this peer)."""
+        hosts = sorted(p for p in rec.hosts() if p != self.name)
+        answers = await asyncio.gather(*(self._answers(rec, p) for p in hosts))
+        return [p for p, ok in zip(hosts, answers, strict=True) if not ok]
+
+    async def resume_own(self) -> int:
         """This peer restarted: the live apps it scheduled before (their records name
         it, no other peer adopted them meanwhile) are its again, and restart from their
         last committed checkpoint where it hosted a part of them."""
         ids = await self.records.get(record_key("scheduling", self.name))
+        resumed = 0
         for app_id in ids if isinstance(ids, list) else []:
             if str(app_id) in self.apps:
                 continue
@@ -854,6 +871,7 @@ class Scheduler:
             if rec.state not in LIVE_STATES or rec.scheduler_name != self.name:
                 continue
             log.info("resuming app %s, scheduled here before this peer restarted", app_id)
+            resumed += 1
             rec.scheduler = self.address()
             self.apps[rec.app_id] = rec
             self._sinks_done[rec.app_id] = {}
@@ -864,6 +882,7 @@ class Scheduler:
                     )
                 except AgiledartError as exc:
                     await self._fail(rec, f"resuming after a restart failed: {exc}")
+        return resumed
 
     def schedules(self, app_id: str) -> bool:
         """Whether this peer schedules ``app_id`` and it is live."""
@@ -1003,6 +1022,12 @@ class Scheduler:
             for lost in [*moved, *([dead] if restarted else [])]
         }
         await self._undeploy(rec)
+        if rec.state not in LIVE_STATES or rec.app_id in self._ending:
+            # every sink ended meanwhile (their reports were held up while this peer
+            # was frozen or busy): the output is whole, and a new generation would
+            # start the file sinks over under an app that then ends
+            log.info("app %s ended while it was being recovered", rec.app_id)
+            return
         rec.placement = {
             op: list(dict.fromkeys(moved.get(p, p) for p in peers))
             for op, peers in rec.placement.items()

@@ -61,6 +61,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["AppRuntime"]
 
+TAKE_BACK_TRIES = 3  #: reads of the apps a restarted peer scheduled
+TAKE_BACK_WAIT_S = 1.5  #: seconds before each
+REPORT_FOR_S = 180.0  #: seconds a sink's end is reported for until a scheduler takes it
+
 _NODE_ID_RE = re.compile(r"[0-9a-fA-F]{40}")
 
 
@@ -124,6 +128,8 @@ class AppRuntime:
         self._reports: set[asyncio.Task[None]] = set()
         #: who schedules submits here (zone schedulers, a central master); None: this peer
         self.submitter: Callable[[Any, list[str]], Awaitable[dict[str, Any]]] | None = None
+        #: called once this peer resumed apps it scheduled before it restarted
+        self.on_resumed: Callable[[], Awaitable[None]] | None = None
         #: who adopts a dead scheduler's apps when this peer is its closest neighbour
         self.adopter: Callable[[str], Coroutine[Any, Any, None]] | None = None
         #: apps whose scheduler changed since deployment (adopted): where reports go now
@@ -284,6 +290,26 @@ class AppRuntime:
             return
         if offered:
             log.info("offered %d cached bundles back to the records store", offered)
+
+    async def _take_apps_back(self) -> None:
+        """A peer restarted (same state dir, same name) before the ring declared it
+        dead finds apps in the records store that still name it as their scheduler;
+        nobody else will adopt them, so it resumes them (from their last checkpoint,
+        keeping what ran here). The ring may take a moment to route records to their
+        owners after the join: asked a few times."""
+        for _ in range(TAKE_BACK_TRIES):
+            await asyncio.sleep(TAKE_BACK_WAIT_S)
+            try:
+                ids = await self.records.get(record_key("scheduling", self.name))
+            except AgiledartError as exc:
+                log.debug("could not read the apps this peer scheduled: %s", exc)
+                continue
+            if ids:
+                break
+        else:
+            return
+        if await self.scheduler.resume_own() and self.on_resumed is not None:
+            await self.on_resumed()
 
     async def _opstats_loop(self, interval_s: float = 1.0) -> None:
         """Trace every operator hosted here once a second (``opstats`` records)."""
@@ -453,11 +479,12 @@ class AppRuntime:
         return None if inst is None else inst.statistics()
 
     async def _app_sink_done(self, req: dict[str, Any], conn: ConnectionInfo) -> bool:
+        """False: this peer does not schedule the app (it restarted and has not taken
+        its apps back yet); the sink asks again."""
         info = req.get("info") if isinstance(req.get("info"), dict) else {}
-        await self.scheduler.sink_done(
+        return await self.scheduler.sink_done(
             _app_id(req), str(req.get("sink")), info or {}, generation=_generation(req)
         )
-        return True
 
     async def _app_failed(self, req: dict[str, Any], conn: ConnectionInfo) -> bool:
         lost = req.get("lost")
@@ -473,8 +500,34 @@ class AppRuntime:
     async def _report_done(self, d: Deployment, sink: str, info: dict[str, Any]) -> None:
         body = {"app_id": d.app_id, "sink": sink, "info": info, "generation": d.generation}
         if self._group is not None:
+            self._background(self._tell_done(d, body))
+
+    async def _tell_done(self, d: Deployment, body: dict[str, Any]) -> None:
+        """Report a sink's end until a scheduler takes it: the app's scheduler may be
+        dead (its adopter rebinds the app here meanwhile) or restarted and not yet
+        scheduling its apps again; a report lost here would leave the app running
+        forever. Given up after :data:`REPORT_FOR_S`."""
+        deadline = asyncio.get_running_loop().time() + REPORT_FOR_S
+        wait = 0.5
+        while True:
             to = self._scheduler_of(d)
-            self._background(self._tell(to, "app_sink_done", body))
+            try:
+                if await self.links.request(to, "app_sink_done", body, timeout=30.0) is not False:
+                    return
+                problem = "it does not schedule the app (yet)"
+            except OverlayError as exc:
+                problem = str(exc)
+            inst = self.instances.get(d.app_id)
+            if inst is None or inst.deployment is not d:
+                return  # undeployed or redeployed meanwhile: the report is moot
+            if asyncio.get_running_loop().time() + wait > deadline:
+                log.warning("app %s: gave up reporting sink %s's end", d.app_id, body["sink"])
+                return
+            log.warning(
+                "app_sink_done to the scheduler failed (%s); again in %.1f s", problem, wait
+            )
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, 5.0)
 
     async def _report_failed(self, d: Deployment, error: str, lost: str | None) -> None:
         body = {"app_id": d.app_id, "error": error, "lost": lost, "generation": d.generation}
@@ -595,7 +648,7 @@ class AppRuntime:
         it scheduled resume from here, and the schedulers of the apps it hosted are
         told, so that they restart them (from their last checkpoint) with this peer
         keeping its part, instead of waiting for data it will never send or take."""
-        await self.scheduler.resume_own()
+        await self._take_apps_back()
         try:
             manifest = await self.records.get(record_key("hosting", self.name))
         except AgiledartError as exc:
