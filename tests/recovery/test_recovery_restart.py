@@ -60,11 +60,10 @@ def test_a_peer_that_restarts_keeps_its_part_and_the_output_is_exact(
     check_outputs(site, spec, s, logs)
     text = cli(site, "status", app_id, "--via", "{}:{}".format(*site.address(SENSOR_2))).stdout
     assert f"  recovery: {name} " in text  # plain status says what happened, and where
-    assert (
-        events[0]["operators"]
-        == sorted(op for op, peers in s["placement"].items() if events[0]["takeover"] in peers)
-        or not events[0]["operators"]
-    )
+    hosted_now = {op for op, peers in s["placement"].items() if events[0]["takeover"] in peers}
+    assert set(events[0]["operators"]) <= hosted_now  # what moved (or stayed) is there now
+    if restarted == EDGE_1:
+        assert "counts" in events[0]["operators"]
     sink_path = s["peers"]["gateway-1"]["sinks"]["out"]["path"]
     assert Path(sink_path).is_absolute()
     assert f"  sink out @ gateway-1: {sink_path}" in text
