@@ -37,6 +37,7 @@ import io
 import json
 import math
 import os
+import secrets
 import sys
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping
@@ -131,12 +132,14 @@ def open_source(
     brokers: BrokerPool | None = None,
     skip: int = 0,
 ) -> SourceConnector:
-    """The source ``spec`` describes; an mqtt source subscribes through ``brokers``.
-    A replayable one (generator, file) starts after its first ``skip`` records."""
+    """The source ``spec`` describes; an mqtt source subscribes through ``brokers``
+    and keeps its log under ``base_dir/mqtt/``. A replayable one (generator, file)
+    starts after its first ``skip`` records."""
     if spec.connector == "mqtt" and brokers is not None:
         from agiledart.runtime.mqtt import MqttSource  # mqtt imports this module
 
-        return MqttSource(spec, brokers=brokers)
+        log_dir = Path(base_dir) / "mqtt" / f"{spec.id}-{secrets.token_hex(6)}"
+        return MqttSource(spec, brokers=brokers, log_dir=log_dir)
     return Source(spec, base_dir=base_dir, overload=overload, skip=skip)
 
 
