@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ from typing import TypeVar, cast
 from agiledart.runtime.errors import BrokerError
 from agiledart.runtime.mqtt.core import (
     MAX_PAYLOAD,
+    Backoff,
     BrokerOptions,
     BrokerPoolStatistics,
     Deliver,
@@ -208,6 +210,25 @@ class Ingest:
                     log.exception("an MQTT subscriber failed to commit")
         return acks
 
+    async def run(self, backoff: Backoff, rng: random.Random) -> None:
+        """Run sessions, reconnecting with back-off, until cancelled."""
+        attempt = 0
+        st = self.stats
+        while True:
+            before = self.sessions_connected
+            try:
+                await self.session()
+            except BrokerError as exc:  # the first failure in a row is news
+                level = logging.WARNING if attempt == 0 else logging.DEBUG
+                log.log(level, "MQTT broker %s: %s", self.options.address, exc)
+            except Exception:  # a bug must not end the ingest: log, count, retry
+                st.errors += 1
+                log.exception("MQTT connection to %s failed", self.options.address)
+            if self.sessions_connected > before:
+                attempt = 0
+            await asyncio.sleep(backoff.delay(attempt, rng))
+            attempt += 1
+
     # -- a session --------------------------------------------------------------------
 
     async def session(self) -> None:
@@ -242,6 +263,8 @@ class Ingest:
                 msg = f"the broker refused the connection (reason 0x{ack.reason:02x})"
                 raise BrokerError(msg)
             self._proto = proto
+            if self.sessions_connected:
+                self.stats.reconnects += 1
             self.sessions_connected += 1
             self.stats.connects += 1
             log.info("connected to MQTT broker %s (to subscribe)", o.address)

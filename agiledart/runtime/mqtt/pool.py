@@ -17,13 +17,15 @@ import logging
 import random
 import socket
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import aiomqtt
 
 from agiledart.app.errors import ExecutionError
+from agiledart.app.topics import filter_problem
 from agiledart.runtime.errors import BrokerError
 from agiledart.runtime.mqtt.core import Backoff, BrokerOptions, BrokerPoolStatistics, Deliver
-from agiledart.runtime.mqtt.ingest import Ingest
+from agiledart.runtime.mqtt.subscriptions import Subscribing, Subscription, delivering
 
 log = logging.getLogger(__name__)
 _client_log = logging.getLogger(f"{__name__}.client")
@@ -37,6 +39,8 @@ __all__ = [
     "Subscription",
 ]
 
+#: The bound of a :meth:`BrokerPool.subscribe` subscriber's private log.
+DELIVER_LOG_BYTES = 64 << 20
 #: QoS 1 messages a sink has in flight (published, not yet acknowledged) at most.
 PUBLISH_WINDOW = 64
 #: Incoming messages waiting on a publishing connection, at most (it subscribes to
@@ -166,79 +170,6 @@ class _Connection:
             log.debug("publish to %s failed: %s", self.options.address, eg.exceptions[0])
 
 
-class _Subscribing:
-    """An :class:`~agiledart.runtime.mqtt.ingest.Ingest` with its users and its task."""
-
-    def __init__(self, pool: BrokerPool, options: BrokerOptions) -> None:
-        self.pool = pool
-        self.options = options
-        self.users = 0
-        self.task: asyncio.Task[None] | None = None
-        self.ingest = Ingest(
-            options,
-            client_id=lambda: f"{pool.client_id}-in-{pool.rng.getrandbits(48):012x}",
-            keepalive_s=pool.keepalive_s,
-            timeout_s=pool.timeout_s,
-            stats=pool.stats,
-        )
-
-    async def run(self) -> None:
-        """Run sessions, reconnecting with back-off, until cancelled."""
-        attempt = 0
-        sessions = 0
-        st = self.pool.stats
-        while True:
-            try:
-                if sessions:
-                    st.reconnects += 1
-                sessions += 1
-                await self.ingest.session()
-            except BrokerError as exc:  # the first failure in a row is news
-                level = logging.WARNING if attempt == 0 else logging.DEBUG
-                log.log(level, "MQTT broker %s: %s", self.options.address, exc)
-            except Exception:  # a bug must not end the peer: log, count, retry
-                st.errors += 1
-                log.exception("MQTT connection to %s failed", self.options.address)
-            if self.ingest.sessions_connected:
-                attempt = 0
-            delay = self.pool.backoff.delay(attempt, self.pool.rng)
-            attempt += 1
-            await asyncio.sleep(delay)
-
-
-class Subscription:
-    """One subscriber's interest in a topic filter; :meth:`close` ends it."""
-
-    def __init__(self, sub: _Subscribing, topic_filter: str, key: int) -> None:
-        self._sub: _Subscribing | None = sub
-        self.topic_filter = topic_filter
-        self._key = key
-
-    @property
-    def active(self) -> bool:
-        """Whether the broker has acknowledged the filter on the current connection."""
-        return self._sub is not None and self._sub.ingest.active(self.topic_filter)
-
-    @property
-    def refused(self) -> str | None:
-        """The broker's reason, if it refused the filter."""
-        return None if self._sub is None else self._sub.ingest.refused.get(self.topic_filter)
-
-    def close(self) -> None:
-        sub, self._sub = self._sub, None
-        if sub is None:
-            return
-        ingest = sub.ingest
-        ingest.watchers.pop(self._key, None)
-        ingest.commits.pop(self._key, None)
-        last = ingest.table.remove(self.topic_filter, self._key)
-        if last:
-            ingest.refused.pop(self.topic_filter, None)
-        sub.pool._release_sub(sub)
-        if last and sub.users:  # else the connection closes, and the filter with it
-            ingest.changed.set()
-
-
 class BrokerLease:
     """A share of one broker connection, for publishing; :meth:`close` gives it back."""
 
@@ -311,13 +242,15 @@ class BrokerPool:
         self.timeout_s = timeout_s
         self.stats = BrokerPoolStatistics()
         self._conns: dict[BrokerOptions, _Connection] = {}  #: publishing
-        self._subs: dict[BrokerOptions, _Subscribing] = {}
+        self._subs: dict[BrokerOptions, Subscribing] = {}  #: ingest processes
+        self._ended: list[Subscribing] = []
+        self._next_key = 0
         self._group: asyncio.TaskGroup | None = None
         self._closed = False
 
     def start(self, group: asyncio.TaskGroup) -> None:
         self._group = group
-        conns: list[_Connection | _Subscribing] = [*self._conns.values(), *self._subs.values()]
+        conns: list[_Connection | Subscribing] = [*self._conns.values(), *self._subs.values()]
         for conn in conns:
             if conn.task is None:
                 self._launch(conn)
@@ -325,7 +258,7 @@ class BrokerPool:
     async def aclose(self) -> None:
         """Disconnect from every broker; the pool cannot be used again."""
         self._closed = True
-        conns: list[_Connection | _Subscribing] = [*self._conns.values(), *self._subs.values()]
+        conns: list[_Connection | Subscribing] = [*self._conns.values(), *self._subs.values()]
         self._conns, self._subs = {}, {}
         tasks = [c.task for c in conns if c.task is not None]
         for t in tasks:
@@ -340,59 +273,97 @@ class BrokerPool:
         *,
         qos: int = 0,
         on_active: Callable[[bool], None] | None = None,
-        commit: Callable[[], None] | None = None,
     ) -> Subscription:
         """Have ``deliver(topic, payload)`` called for every message matching
-        ``topic_filter`` (synchronously: it must not block); ``commit()`` after each
-        read's messages are delivered, before the broker is acknowledged (it must make
-        them durable); ``on_active`` hears when the broker has (or no longer has) the
-        subscription."""
-        sub = self._acquire_sub(broker)
-        ingest = sub.ingest
-        try:
-            key = ingest.table.add(topic_filter, qos, deliver)
-        except BaseException:
-            self._release_sub(sub)
-            raise
-        if on_active is not None:
-            ingest.watchers[key] = (topic_filter, on_active)
-        if commit is not None:
-            ingest.commits[key] = commit
-        ingest.changed.set()
-        return Subscription(sub, topic_filter, key)
+        ``topic_filter``, once it is in a private log (see :meth:`subscribe_log`);
+        ``on_active`` hears when the broker has (or no longer has) the subscription."""
+        directory, bind = delivering(deliver, self.stats)
+        sub = self.subscribe_log(
+            broker,
+            topic_filter,
+            qos=qos,
+            log_dir=directory,
+            max_bytes=DELIVER_LOG_BYTES,
+            on_commit=lambda: None,
+            on_active=on_active,
+        )
+        sub.on_commit = bind(sub)
+        return sub
+
+    def subscribe_log(
+        self,
+        broker: BrokerOptions,
+        topic_filter: str,
+        *,
+        qos: int,
+        log_dir: Path,
+        max_bytes: int,
+        limit: int | None = None,
+        on_commit: Callable[[], None],
+        on_active: Callable[[bool], None] | None = None,
+    ) -> Subscription:
+        """Have the broker's messages on ``topic_filter`` written to a log in
+        ``log_dir`` by the broker's ingest process (QoS 1: acknowledged once written),
+        holding at most ``max_bytes`` and ``limit`` unread messages (then shed);
+        ``on_commit()`` says more is committed: read it with the subscription's
+        ``reader`` and say how far with ``read_to``."""
+        bad = filter_problem(topic_filter)
+        if bad is not None:
+            msg = f"bad topic filter {topic_filter!r}: {bad}"
+            raise ExecutionError(msg)
+        if qos not in (0, 1):
+            msg = f"qos must be 0 or 1, got {qos!r}"
+            raise ExecutionError(msg)
+        owner = self._acquire_sub(broker)
+        self._next_key += 1
+        sub = Subscription(
+            owner,
+            self._next_key,
+            topic_filter,
+            qos=qos,
+            log_dir=log_dir,
+            max_bytes=max_bytes,
+            limit=limit,
+            on_commit=on_commit,
+            on_active=on_active,
+        )
+        owner.add(sub)
+        return sub
 
     def lease(self, broker: BrokerOptions) -> BrokerLease:
         """A share of the connection to ``broker``, to publish on."""
         return BrokerLease(self._acquire(broker))
 
     def statistics(self) -> BrokerPoolStatistics:
-        st = self.stats
-        ingests = [s.ingest for s in self._subs.values()]
-        st.connections = len(self._conns) + len(ingests)
-        st.connected = sum(c.client is not None for c in self._conns.values()) + sum(
-            i.connected for i in ingests
-        )
-        st.subscriptions = sum(len(i.granted) for i in ingests)
-        st.subscribers = sum(len(i.table) for i in ingests)
-        return dataclasses.replace(st)
+        st = dataclasses.replace(self.stats)
+        subs = [*self._subs.values(), *self._ended]
+        for name in ("connects", "reconnects", "messages_in", "unrouted", "errors"):
+            setattr(st, name, getattr(st, name) + sum(s.counters()[name] for s in subs))
+        live = self._subs.values()
+        st.connections = len(self._conns) + len(live)
+        st.connected = sum(c.client is not None for c in self._conns.values())
+        st.connected += sum(s.connected for s in live)
+        st.subscriptions = sum(s.subscriptions for s in live)
+        st.subscribers = sum(len(s.subs) for s in live)
+        return st
 
-    def _acquire_sub(self, broker: BrokerOptions) -> _Subscribing:
+    def _acquire_sub(self, broker: BrokerOptions) -> Subscribing:
         if self._closed:
             msg = "the peer's broker pool is closed"
             raise ExecutionError(msg)
         sub = self._subs.get(broker)
         if sub is None:
-            sub = self._subs[broker] = _Subscribing(self, broker)
+            broker.ssl_context(f"broker {broker.address}")  # a bad CA file fails here
+            sub = self._subs[broker] = Subscribing(self, broker)
             if self._group is not None:
                 self._launch(sub)
-        sub.users += 1
         return sub
 
-    def _release_sub(self, sub: _Subscribing) -> None:
-        sub.users -= 1
-        if sub.users > 0 or self._subs.get(sub.options) is not sub:
+    def _release_sub(self, sub: Subscribing) -> None:
+        if sub.subs or self._subs.get(sub.options) is not sub:
             return
         del self._subs[sub.options]
+        self._ended.append(sub)  # its counters still count
         if sub.task is not None:
             sub.task.cancel()
 
@@ -416,6 +387,6 @@ class BrokerPool:
         if conn.task is not None:
             conn.task.cancel()
 
-    def _launch(self, conn: _Connection | _Subscribing) -> None:
+    def _launch(self, conn: _Connection | Subscribing) -> None:
         assert self._group is not None
         conn.task = self._group.create_task(conn.run(), name=f"mqtt {conn.options.address}")

@@ -14,8 +14,8 @@ from agiledart.app.spec import SourceSpec
 from agiledart.operators import Record
 from agiledart.runtime.connectors import SourceStatistics
 from agiledart.runtime.mqtt.core import BrokerOptions, PayloadDecoder
-from agiledart.runtime.mqtt.log import SourceLog
 from agiledart.runtime.mqtt.pool import BrokerPool
+from agiledart.runtime.mqtt.subscriptions import Subscription
 
 __all__ = ["MqttSource", "MqttSourceStatistics"]
 
@@ -32,19 +32,19 @@ class MqttSourceStatistics(SourceStatistics):
     received: int = 0  #: messages that reached the source (parsed or not)
     subscribed: bool = False
     backlog: int = 0  #: messages in the source's log, not yet handed on
-    log_bytes: int = 0  #: bytes the log holds on the peer's disk
     log_position: int = 0  #: messages read from the log so far (a replay point)
 
 
 class MqttSource:
     """An ``mqtt`` source: the records of the messages on a topic filter.
 
-    Every message goes into the source's :class:`~agiledart.runtime.mqtt.log.SourceLog`
-    on the peer's disk as it arrives (a QoS 1 message is acknowledged once written),
-    so the broker never waits on the engine. :meth:`run` reads the log behind,
-    decoding each message with a :class:`~agiledart.runtime.mqtt.PayloadDecoder`
-    (a bad one counts in ``parse_errors``) and handing downstream up to
-    ``batch_size`` records at a time, lingering ``tick_s`` for a batch to gather.
+    Every message goes into the source's log on the peer's disk as it arrives,
+    written by the broker's ingest process (:mod:`.worker`; a QoS 1 message is
+    acknowledged once written), so the broker never waits on the engine.
+    :meth:`run` reads the log behind, decoding each message with a
+    :class:`~agiledart.runtime.mqtt.PayloadDecoder` (a bad one counts in
+    ``parse_errors``) and handing downstream up to ``batch_size`` records at a
+    time, lingering ``tick_s`` for a batch to gather.
     The log holds at most ``buffer`` messages and ``buffer_mb`` MiB: past that the
     source sheds, the oldest unread or the newest arrivals (``overload``), counted
     in ``shed``. With ``count`` it returns after that many records (those shed
@@ -86,56 +86,53 @@ class MqttSource:
             raise ExecutionError(msg)
         self._shed_oldest = policy == "shed-oldest"
         self._limit = int(p.get("buffer", 1_000_000))
+        self._max_bytes = int(p.get("buffer_mb", 256)) << 20
         if log_dir is None:  # a source outside a peer (tests, tools): a private directory
             log_dir = Path(tempfile.mkdtemp(prefix=f"agiledart-mqtt-{spec.id}-"))
-        try:
-            self._log = SourceLog(log_dir, max_bytes=int(p.get("buffer_mb", 256)) << 20)
-        except OSError as exc:
-            msg = f"{owner}: cannot keep its log in {log_dir}: {exc}"
-            raise ExecutionError(msg) from None
+        self.log_dir = log_dir
         self._brokers = brokers
         self._batch_size = batch_size
         self._tick_s = tick_s
         self._sleep = sleep
-        self._taken = 0  #: records handed on, and messages shed, toward ``count``
+        self._taken = 0  #: records handed on, toward ``count``
         self._ended = self.count == 0
         self._wake = asyncio.Event()
         self._started = False
-
-    def _on_message(self, topic: str, payload: bytes) -> None:
-        """Take a message from the connection (never blocks: full means shed)."""
-        if self._ended:
-            return
-        self.stats.received += 1
-        self._log.append(topic, payload, limit=None if self._shed_oldest else self._limit)
+        self._sub: Subscription | None = None
 
     def _on_commit(self) -> None:
-        """Write what arrived in one go; then the connection acknowledges it."""
-        if self._log.commit():
-            self._wake.set()
+        self._update()
+        self._wake.set()
 
     def _on_active(self, active: bool) -> None:
         self.stats.subscribed = active
 
-    def _update(self) -> None:
-        st, ls = self.stats, self._log.stats
-        st.shed = ls.shed
-        st.backlog = self._log.backlog
-        st.log_bytes = ls.bytes
-        st.log_position = self._log.position
+    @property
+    def _shed(self) -> int:
+        sub = self._sub
+        return 0 if sub is None else sub.shed + sub.reader.skipped
 
-    def _take(self) -> list[Record]:
+    def _update(self) -> None:
+        sub, st = self._sub, self.stats
+        if sub is None:
+            return
+        st.shed = self._shed
+        st.received = sub.received
+        st.backlog = sub.reader.backlog
+        st.log_position = sub.reader.position
+
+    def _take(self, sub: Subscription) -> list[Record]:
         """Decode the next batch from the log (shedding its oldest past ``buffer``)."""
-        log = self._log
-        over = log.backlog - self._limit
+        reader = sub.reader
+        over = reader.backlog - self._limit
         if self._shed_oldest and over > 0:
-            log.skip(over)
+            reader.skip(over)
         want = self._batch_size
         if self.count is not None:
-            want = min(want, self.count - self._taken - log.stats.shed)
+            want = min(want, self.count - self._taken - self._shed)
         records: list[Record] = []
         while len(records) < want:
-            messages = log.read(want - len(records))
+            messages = reader.read(want - len(records))
             if not messages:
                 break
             for topic, payload in messages:
@@ -147,7 +144,7 @@ class MqttSource:
         return records
 
     def _done(self) -> bool:
-        return self.count is not None and self._taken + self._log.stats.shed >= self.count
+        return self.count is not None and self._taken + self._shed >= self.count
 
     async def run(self, emit: Callable[[list[Record]], Awaitable[None]]) -> None:
         """Hand the records to ``emit`` in batches; return after ``count`` records.
@@ -158,34 +155,35 @@ class MqttSource:
             msg = f"source {self.spec.id!r} runs once; make a new MqttSource"
             raise ExecutionError(msg)
         self._started = True
-        sub = self._brokers.subscribe(
+        sub = self._sub = self._brokers.subscribe_log(
             self.broker,
             self.topic_filter,
-            self._on_message,
             qos=self.qos,
+            log_dir=self.log_dir,
+            max_bytes=self._max_bytes,
+            limit=None if self._shed_oldest else self._limit,
+            on_commit=self._on_commit,
             on_active=self._on_active,
-            commit=self._on_commit,
         )
         st = self.stats
         try:
             while not self._ended:
-                batch = self._take()
+                batch = self._take(sub)
                 self._update()
                 if batch:
                     await emit(batch)
                     st.emitted += len(batch)
                     st.batches += 1
-                    self._log.release(self._log.position)
+                    sub.read_to(sub.reader.position)
                 if self._done():
                     self._ended = True
-                elif not batch and not self._log.backlog:
+                elif not batch and not sub.reader.backlog:
                     self._wake.clear()
                     await self._wake.wait()
-                    if self._log.backlog < self._batch_size:
+                    if sub.reader.backlog < self._batch_size:
                         await self._sleep(self._tick_s)  # let a batch gather
         finally:
+            self._update()
             sub.close()
             st.subscribed = False
-            self._update()
-            self._log.close()
         st.finished = True

@@ -122,6 +122,7 @@ def encode_connect(
     """CONNECT with a clean start, asking the broker for no packet over ``max_packet``."""
     flags = 0x02 | (0x80 if username is not None else 0) | (0x40 if password is not None else 0)
     props = b"\x27" + struct.pack("!I", max_packet)  # Maximum Packet Size
+    props += b"\x21" + struct.pack("!H", 65535)  # Receive Maximum
     body = _str("MQTT") + bytes([5, flags]) + struct.pack("!H", keepalive_s)
     body += _varint(len(props)) + props + _str(client_id)
     if username is not None:
