@@ -18,6 +18,7 @@ from agiledart.app.errors import ExecutionError
 from agiledart.app.spec import SinkSpec, SourceSpec
 from agiledart.operators import Record
 from agiledart.runtime.mqtt import Backoff, BrokerOptions, BrokerPool, MqttSink, MqttSource
+from agiledart.traces.schema import check
 
 FAST = Backoff(initial_s=0.05, cap_s=0.5)
 
@@ -238,8 +239,17 @@ async def test_a_source_counts_bad_payloads_and_ends_after_count(broker: Broker)
         assert (ps.subscribers, ps.connections) == (0, 0)
 
 
+class Traces:
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def emit(self, type: str, **fields: Any) -> None:
+        self.records.append({"v": 1, "type": type, "ts": 0.0, "peer": "p", **fields})
+
+
 async def test_a_source_sheds_the_oldest_while_downstream_blocks(broker: Broker) -> None:
-    async with pools(2) as (pool, publisher):
+    traces = Traces()
+    async with pools(2, trace=traces) as (pool, publisher):
         source = MqttSource(source_spec(broker, topic="shed", count=5, buffer=2), brokers=pool)
         first, release = asyncio.Event(), asyncio.Event()
         got: list[int] = []
@@ -263,3 +273,11 @@ async def test_a_source_sheds_the_oldest_while_downstream_blocks(broker: Broker)
         await run
         assert got == [0, 3, 4]
         assert (source.stats.emitted, source.stats.shed) == (3, 2)
+        last = traces.records[-1]  # the shedding is traced too
+        check(last)
+        assert (last["type"], last["source"], last["shed"], last["received"]) == (
+            "ingest",
+            "src",
+            2,
+            5,
+        )

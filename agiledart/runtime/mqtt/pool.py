@@ -18,6 +18,7 @@ import random
 import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
 import aiomqtt
 
@@ -218,6 +219,12 @@ class BrokerLease:
             conn.pool._release(conn)
 
 
+class Tracer(Protocol):
+    """Where trace records go (a peer's trace writer)."""
+
+    def emit(self, type: str, **fields: Any) -> None: ...
+
+
 class BrokerPool:
     """A peer's MQTT connections, per broker one to subscribe and one to publish,
     shared by all its apps.
@@ -234,8 +241,10 @@ class BrokerPool:
         rng: random.Random | None = None,
         keepalive_s: int = 30,
         timeout_s: float = 10.0,
+        trace: Tracer | None = None,
     ) -> None:
         self.client_id = client_id
+        self.trace = trace  #: where sources write their ``ingest`` trace records
         self.backoff = backoff or Backoff()
         self.rng = rng or random.Random()
         self.keepalive_s = keepalive_s

@@ -20,6 +20,8 @@ from agiledart.runtime.mqtt.subscriptions import Subscription
 __all__ = ["MqttSource", "MqttSourceStatistics"]
 
 _POLICIES = ("shed-oldest", "shed-newest")
+#: a source that sheds writes an ``ingest`` trace record at most this often
+TRACE_EVERY_S = 1.0
 
 
 @dataclass(slots=True)
@@ -99,6 +101,8 @@ class MqttSource:
         self._wake = asyncio.Event()
         self._started = False
         self._sub: Subscription | None = None
+        self._traced_shed = 0
+        self._traced_at = -TRACE_EVERY_S
 
     def _on_commit(self) -> None:
         self._update()
@@ -112,7 +116,7 @@ class MqttSource:
         sub = self._sub
         return 0 if sub is None else sub.shed + sub.reader.skipped
 
-    def _update(self) -> None:
+    def _update(self, *, ending: bool = False) -> None:
         sub, st = self._sub, self.stats
         if sub is None:
             return
@@ -120,6 +124,21 @@ class MqttSource:
         st.received = sub.received
         st.backlog = sub.reader.backlog
         st.log_position = sub.reader.position
+        trace = self._brokers.trace
+        now = time.monotonic()
+        if trace is None or st.shed == self._traced_shed:
+            return
+        if ending or now - self._traced_at >= TRACE_EVERY_S:
+            self._traced_shed, self._traced_at = st.shed, now
+            trace.emit(
+                "ingest",
+                source=self.spec.id,
+                broker=self.broker.address,
+                topic=self.topic_filter,
+                received=st.received,
+                shed=st.shed,
+                backlog=st.backlog,
+            )
 
     def _take(self, sub: Subscription) -> list[Record]:
         """Decode the next batch from the log (shedding its oldest past ``buffer``)."""
@@ -183,7 +202,7 @@ class MqttSource:
                     if sub.reader.backlog < self._batch_size:
                         await self._sleep(self._tick_s)  # let a batch gather
         finally:
-            self._update()
+            self._update(ending=True)
             sub.close()
             st.subscribed = False
         st.finished = True
