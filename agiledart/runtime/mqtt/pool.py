@@ -1,11 +1,12 @@
 """The broker pool: per broker, one subscribing and one publishing connection,
 shared by every app on a peer.
 
-Subscriptions go over :class:`~agiledart.runtime.mqtt.ingest.Ingest` (our own MQTT 5
-reader, fast enough for a broker's bursts); publishing goes over ``aiomqtt``, and this
-is the only module that imports it (and ``paho``): their errors end a connection's
-session here, which logs them and reconnects; publishing reports which messages the
-broker took instead of raising. Nothing escapes into the task group that owns the pool.
+Subscriptions go to the broker's ingest process (:mod:`.subscriptions`,
+:mod:`.worker`: our own MQTT 5 reader, fast enough for a broker's bursts); publishing
+goes over ``aiomqtt``, and this is the only module that imports it (and ``paho``):
+their errors end a connection's session here, which logs them and reconnects;
+publishing reports which messages the broker took instead of raising. Nothing escapes
+into the task group that owns the pool.
 """
 
 from __future__ import annotations
