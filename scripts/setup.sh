@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up agiledart on a fresh Debian, Ubuntu or Raspberry Pi OS machine: the system
 # packages it needs (a C compiler and Python headers: zfec builds from source where no
-# wheel exists, e.g. on aarch64; the Mosquitto MQTT broker, which the MQTT tests run;
+# wheel exists, e.g. on aarch64; the Mosquitto MQTT broker and its clients, which the
+# MQTT tests run;
 # Docker Engine, compose and debootstrap for the docker emulation and its tests),
 # a virtualenv in .venv, and the package with its development tools. Safe to run
 # again: it only installs what is missing.
@@ -22,6 +23,8 @@ sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Pyt
 PYEOF
 "$PY" -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
+# mosquitto_pub and mosquitto_sub: the MQTT burst tests and scripts/bench_connectors.py
+command -v mosquitto_pub >/dev/null 2>&1 || need+=(mosquitto-clients)
 # headless Chromium: the dashboard tests (tests/site) drive a real browser
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need+=(chromium)
 # docker emulation (docker/, tests/docker): Docker Engine (the tests start dockerd when it

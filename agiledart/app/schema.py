@@ -183,7 +183,6 @@ _MQTT = (
     _p("username", "str"),
     _p("password", "str"),
     _p("password_env", "str"),
-    _p("buffer", "posint", default=10_000, unit="records"),
 )
 SOURCE_PARAMS: Mapping[str, tuple[Param, ...]] = {
     "generator": _GENERATOR_COMMON,
@@ -201,6 +200,9 @@ SOURCE_PARAMS: Mapping[str, tuple[Param, ...]] = {
         _p("fields", "fieldmap"),
         _p("topic_field", "str"),
         _p("count", "nonnegint"),
+        # the source's log on the peer's disk: messages not yet handed on, at most
+        _p("buffer", "posint", default=1_000_000, unit="records"),
+        _p("buffer_mb", "posint", default=256, unit="MiB"),
         _p("overload", "enum", default="shed-oldest", choices=("shed-oldest", "shed-newest")),
         _p("out_of_order_ms", "nonnegint", default=1000, **_MS),
     ),
@@ -214,6 +216,7 @@ SINK_PARAMS: Mapping[str, tuple[Param, ...]] = {
     "mqtt": (
         _p("topic", "topic_template", required=True),
         *_MQTT,
+        _p("buffer", "posint", default=10_000, unit="records"),
         _p("drain_timeout_ms", "nonnegint", default=30_000, **_MS),
     ),
     "stdout": (),

@@ -45,6 +45,7 @@ import io
 import json
 import math
 import os
+import secrets
 import sys
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping
@@ -147,14 +148,16 @@ def open_source(
     skip: int = 0,
     policy: DataPolicy | None = None,
 ) -> SourceConnector:
-    """The source ``spec`` describes; an mqtt source subscribes through ``brokers``.
-    A replayable one (generator, file) starts after its first ``skip`` records. With
-    ``policy`` (a peer's), a spec reaching past it is refused."""
+    """The source ``spec`` describes; an mqtt source subscribes through ``brokers``
+    and keeps its log under ``base_dir/mqtt/``. A replayable one (generator, file)
+    starts after its first ``skip`` records. With ``policy`` (a peer's), a spec
+    reaching past it is refused."""
     if spec.connector == "mqtt" and brokers is not None:
         from agiledart.runtime.mqtt import MqttSource  # mqtt imports this module
 
         _check_env(spec.params, f"source {spec.id!r}", policy)
-        return MqttSource(spec, brokers=brokers)
+        log_dir = Path(base_dir) / "mqtt" / f"{spec.id}-{secrets.token_hex(6)}"
+        return MqttSource(spec, brokers=brokers, log_dir=log_dir)
     return Source(spec, base_dir=base_dir, overload=overload, skip=skip, policy=policy)
 
 

@@ -100,7 +100,7 @@ class AppRuntime:
         self.engine = make_engine(execution or EngineConfig(workers=0), state_dir / "code")
         self.instances: dict[str, AppInstance] = {}
         #: the peer's MQTT connections, one per broker, shared by all its apps
-        self.brokers = BrokerPool(client_id=f"agiledart-{name}")
+        self.brokers = BrokerPool(client_id=f"agiledart-{name}", trace=self.trace)
         self.scheduler = Scheduler(
             name=name,
             address=lambda: self.overlay.address,

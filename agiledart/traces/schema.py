@@ -116,6 +116,15 @@ FIELDS: dict[str, dict[str, str]] = {
     },
     # a zone scheduler was elected or adopted apps
     "scheduler": {"zone": "str", "scheduler": "str", "event": "str", "apps": "int"},
+    # an mqtt source shed messages (its log was full): at most one a second, and at its end
+    "ingest": {
+        "source": "str",
+        "broker": "str",
+        "topic": "str",
+        "received": "int",
+        "shed": "int",
+        "backlog": "int",
+    },
 }
 
 #: fields that may be null (unknown or not applicable)

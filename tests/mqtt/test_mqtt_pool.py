@@ -18,6 +18,7 @@ from agiledart.app.errors import ExecutionError
 from agiledart.app.spec import SinkSpec, SourceSpec
 from agiledart.operators import Record
 from agiledart.runtime.mqtt import Backoff, BrokerOptions, BrokerPool, MqttSink, MqttSource
+from agiledart.traces.schema import check
 
 FAST = Backoff(initial_s=0.05, cap_s=0.5)
 
@@ -57,7 +58,9 @@ async def publish(pool: BrokerPool, broker: Broker, *messages: tuple[str, bytes]
         lease.close()
 
 
-async def test_one_connection_and_one_subscribe_however_many_sources(broker: Broker) -> None:
+async def test_one_subscribing_connection_and_one_subscribe_for_many_sources(
+    broker: Broker,
+) -> None:
     got: dict[Any, list[tuple[str, bytes]]] = defaultdict(list)
 
     def collect(key: Any) -> Callable[[str, bytes], None]:
@@ -67,18 +70,20 @@ async def test_one_connection_and_one_subscribe_however_many_sources(broker: Bro
         o = options(broker)
         shared = [pool.subscribe(o, "s/#", collect(i), qos=1) for i in range(3)]
         narrow = pool.subscribe(o, "s/x", collect("x"))
-        lease = pool.lease(o)  # a sink on the same broker shares the connection too
+        lease = pool.lease(o)  # a sink on the same broker: the one publishing connection
         await until(lambda: all(s.active for s in [*shared, narrow]), "subscribed")
         await publish(publisher, broker, ("s/x", b"1"), ("s/y", b"2"))
         await until(lambda: len(got["x"]) == 1 and all(len(got[i]) == 2 for i in range(3)), "got")
         for i in range(3):  # overlapping filters: still one copy each
             assert got[i] == [("s/x", b"1"), ("s/y", b"2")]
         assert got["x"] == [("s/x", b"1")]
-        assert len([c for c in broker.connects() if c.startswith("pool0-")]) == 1
+        mine = [c for c in broker.connects() if c.startswith("pool0-")]
+        assert len([c for c in mine if c.startswith("pool0-in-")]) == 1  # four sources
+        assert len(mine) == 2  # and the sink's
         assert broker.subscribes("s/#") == 1
         assert broker.subscribes("s/x") == 1
         st = pool.statistics()
-        assert (st.connections, st.connected, st.subscriptions, st.subscribers) == (1, 1, 2, 4)
+        assert (st.connections, st.connected, st.subscriptions, st.subscribers) == (2, 2, 2, 4)
         assert st.messages_in == 3  # the broker sent s/x once per filter
 
         shared[0].close()
@@ -234,8 +239,17 @@ async def test_a_source_counts_bad_payloads_and_ends_after_count(broker: Broker)
         assert (ps.subscribers, ps.connections) == (0, 0)
 
 
+class Traces:
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def emit(self, type: str, **fields: Any) -> None:
+        self.records.append({"v": 1, "type": type, "ts": 0.0, "peer": "p", **fields})
+
+
 async def test_a_source_sheds_the_oldest_while_downstream_blocks(broker: Broker) -> None:
-    async with pools(2) as (pool, publisher):
+    traces = Traces()
+    async with pools(2, trace=traces) as (pool, publisher):
         source = MqttSource(source_spec(broker, topic="shed", count=5, buffer=2), brokers=pool)
         first, release = asyncio.Event(), asyncio.Event()
         got: list[int] = []
@@ -259,3 +273,11 @@ async def test_a_source_sheds_the_oldest_while_downstream_blocks(broker: Broker)
         await run
         assert got == [0, 3, 4]
         assert (source.stats.emitted, source.stats.shed) == (3, 2)
+        last = traces.records[-1]  # the shedding is traced too
+        check(last)
+        assert (last["type"], last["source"], last["shed"], last["received"]) == (
+            "ingest",
+            "src",
+            2,
+            5,
+        )

@@ -269,13 +269,14 @@ def test_mqtt_params_are_filled_in_and_count_makes_an_app_finite() -> None:
     spec = parse_spec(app({"topic": "s/#"}, {"topic": "out/{key}"}))
     src, sink = spec.sources[0].params, spec.sinks[0].params
     assert src["broker"] == "localhost:1883"
-    assert (src["qos"], src["format"], src["buffer"], src["overload"]) == (
+    assert (src["qos"], src["format"], src["buffer"], src["buffer_mb"], src["overload"]) == (
         0,
         "json",
-        10_000,
+        1_000_000,  # a source's buffer is its log on the peer's disk
+        256,
         "shed-oldest",
     )
-    assert sink["drain_timeout_ms"] == 30_000
+    assert (sink["drain_timeout_ms"], sink["buffer"]) == (30_000, 10_000)
     assert not spec.finite
     spec = parse_spec(app({"topic": "s/#", "count": 10, "fields": {"v": "value"}}, {"topic": "o"}))
     assert spec.finite

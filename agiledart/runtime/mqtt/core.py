@@ -26,6 +26,7 @@ __all__ = [
     "MAX_PAYLOAD",
     "Backoff",
     "BrokerOptions",
+    "BrokerPoolStatistics",
     "Deliver",
     "PayloadDecoder",
     "SubscriptionTable",
@@ -124,6 +125,23 @@ class Backoff:
         """Seconds to wait before attempt ``attempt + 1`` (attempts count from 0)."""
         base = min(self.cap_s, self.initial_s * self.factor ** min(attempt, 64))
         return base * (1.0 - self.jitter * rng.random())
+
+
+@dataclass(slots=True)
+class BrokerPoolStatistics:
+    """What a pool has done (a peer reports it in ``ring``)."""
+
+    connections: int = 0  #: broker connections in use (one per broker and credentials)
+    connected: int = 0  #: of them, connected now
+    connects: int = 0  #: successful connects so far
+    reconnects: int = 0  #: connects after a connection was lost
+    subscriptions: int = 0  #: topic filters held at brokers (one however many sources)
+    subscribers: int = 0  #: sources subscribed through the pool
+    messages_in: int = 0
+    messages_out: int = 0
+    dropped: int = 0  #: incoming messages dropped (unused: sources shed and count instead)
+    unrouted: int = 0  #: incoming messages no subscriber wanted (any more)
+    errors: int = 0  #: refused subscriptions, failed publishes, unexpected errors
 
 
 # -- payloads ---------------------------------------------------------------------------
@@ -231,6 +249,7 @@ class SubscriptionTable:
         self._by_id: dict[int, _Filter] = {}
         self._next_id = 1
         self._next_key = 1
+        self.version = 0  #: changes whenever a subscriber comes or goes
 
     def __len__(self) -> int:
         """Subscribers, over every filter."""
@@ -253,6 +272,7 @@ class SubscriptionTable:
         key = self._next_key
         self._next_key += 1
         f.subscribers[key] = (qos, deliver)
+        self.version += 1
         return key
 
     def remove(self, topic_filter: str, key: int) -> bool:
@@ -260,6 +280,7 @@ class SubscriptionTable:
         f = self._filters.get(topic_filter)
         if f is None or f.subscribers.pop(key, None) is None:
             return False
+        self.version += 1
         if f.subscribers:
             return False
         del self._filters[topic_filter]

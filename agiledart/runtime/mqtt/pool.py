@@ -1,9 +1,12 @@
-"""The broker pool: one MQTT connection per broker, shared by every app on a peer.
+"""The broker pool: per broker, one subscribing and one publishing connection,
+shared by every app on a peer.
 
-The only module that imports ``aiomqtt`` (and ``paho``): their errors end a
-connection's session here, which logs them and reconnects; publishing reports which
-messages the broker took instead of raising. Nothing escapes into the task group
-that owns the pool.
+Subscriptions go to the broker's ingest process (:mod:`.subscriptions`,
+:mod:`.worker`: our own MQTT 5 reader, fast enough for a broker's bursts); publishing
+goes over ``aiomqtt``, and this is the only module that imports it (and ``paho``):
+their errors end a connection's session here, which logs them and reconnects;
+publishing reports which messages the broker took instead of raising. Nothing escapes
+into the task group that owns the pool.
 """
 
 from __future__ import annotations
@@ -15,22 +18,16 @@ import logging
 import random
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
 import aiomqtt
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
-from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from agiledart.app.errors import ExecutionError
+from agiledart.app.topics import filter_problem
 from agiledart.runtime.errors import BrokerError
-from agiledart.runtime.mqtt.core import (
-    Backoff,
-    BrokerOptions,
-    Deliver,
-    SubscriptionTable,
-    plan,
-)
+from agiledart.runtime.mqtt.core import Backoff, BrokerOptions, BrokerPoolStatistics, Deliver
+from agiledart.runtime.mqtt.subscriptions import Subscribing, Subscription, delivering
 
 log = logging.getLogger(__name__)
 _client_log = logging.getLogger(f"{__name__}.client")
@@ -44,54 +41,27 @@ __all__ = [
     "Subscription",
 ]
 
+#: The bound of a :meth:`BrokerPool.subscribe` subscriber's private log.
+DELIVER_LOG_BYTES = 64 << 20
 #: QoS 1 messages a sink has in flight (published, not yet acknowledged) at most.
 PUBLISH_WINDOW = 64
-#: Incoming messages waiting for dispatch on one connection, at most (then dropped).
-INBOX = 100_000
-
-
-@dataclass(slots=True)
-class BrokerPoolStatistics:
-    """What a pool has done (a peer reports it in ``ring``)."""
-
-    connections: int = 0  #: broker connections in use (one per broker and credentials)
-    connected: int = 0  #: of them, connected now
-    connects: int = 0  #: successful connects so far
-    reconnects: int = 0  #: connects after a connection was lost
-    subscriptions: int = 0  #: topic filters held at brokers (one however many sources)
-    subscribers: int = 0  #: sources subscribed through the pool
-    messages_in: int = 0
-    messages_out: int = 0
-    dropped: int = 0  #: incoming messages dropped: a connection's inbox was full
-    unrouted: int = 0  #: incoming messages no subscriber wanted (any more)
-    errors: int = 0  #: refused subscriptions, failed publishes, unexpected errors
+#: Incoming messages waiting on a publishing connection, at most (it subscribes to
+#: nothing, so none should come).
+INBOX = 1000
 
 
 class _Connection:
-    """One broker connection: its users, subscriptions and reconnecting task."""
+    """One publishing connection: its users and reconnecting task."""
 
     def __init__(self, pool: BrokerPool, options: BrokerOptions) -> None:
         self.pool = pool
         self.options = options
         self.tls = options.ssl_context(f"broker {options.address}")
-        self.table = SubscriptionTable()
-        self.granted: dict[str, tuple[int, int]] = {}
-        self.refused: dict[str, str] = {}
         self.users = 0
         self.client: aiomqtt.Client | None = None
         self.connected = asyncio.Event()
         self.lost: asyncio.Future[None] | None = None
-        self.changed = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
-        #: subscriber key -> (its filter, what to tell when the broker has it or not)
-        self.watchers: dict[int, tuple[str, Callable[[bool], None]]] = {}
-
-    def active(self, topic_filter: str) -> bool:
-        return self.client is not None and topic_filter in self.granted
-
-    def _notify(self) -> None:
-        for topic_filter, watch in list(self.watchers.values()):
-            watch(self.active(topic_filter))
 
     async def run(self) -> None:
         """Connect, serve, and reconnect with back-off, until cancelled."""
@@ -106,7 +76,7 @@ class _Connection:
                         st.reconnects += 1
                     sessions += 1
                     attempt = 0
-                    log.info("connected to MQTT broker %s", self.options.address)
+                    log.info("connected to MQTT broker %s (to publish)", self.options.address)
                     await self._session(client)
             except* aiomqtt.MqttError as eg:  # the first failure in a row is news
                 level = logging.WARNING if attempt == 0 else logging.DEBUG
@@ -138,7 +108,7 @@ class _Connection:
             identifier=f"{pool.client_id}-{pool.rng.getrandbits(48):012x}",
             protocol=aiomqtt.ProtocolVersion.V5,
             queue_type=Inbox,
-            max_queued_incoming_messages=pool.inbox,
+            max_queued_incoming_messages=INBOX,
             keepalive=pool.keepalive_s,
             timeout=pool.timeout_s,
             tls_context=self.tls,
@@ -152,68 +122,15 @@ class _Connection:
 
     async def _session(self, client: aiomqtt.Client) -> None:
         self.client = client
-        self.granted = {}
-        self.refused = {}
         self.lost = asyncio.get_running_loop().create_future()
         self.connected.set()
-        self.changed.set()
         try:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self._read(client))
-                group.create_task(self._reconcile(client))
+            async for _ in client.messages:  # none are asked for; this ends with the session
+                self.pool.stats.unrouted += 1
         finally:
             self.client = None
-            self.granted = {}
             self.connected.clear()
             self.lost.set_result(None)
-            self._notify()
-
-    async def _read(self, client: aiomqtt.Client) -> None:
-        st = self.pool.stats
-        async for message in client.messages:
-            st.messages_in += 1
-            payload = bytes(message.payload)
-            ids = getattr(message.properties, "SubscriptionIdentifier", None)
-            topic = message.topic.value
-            targets = self.table.route(topic, ids if isinstance(ids, list) else None)
-            if not targets:
-                st.unrouted += 1
-            for deliver in targets:
-                try:
-                    deliver(topic, payload)
-                except Exception:  # one bad subscriber must not stop the others
-                    st.errors += 1
-                    log.exception("an MQTT subscriber failed on a message from %s", topic)
-
-    async def _reconcile(self, client: aiomqtt.Client) -> None:
-        """Keep the broker's subscriptions equal to the table's, as it changes."""
-        while True:
-            await self.changed.wait()
-            self.changed.clear()
-            subscribe, unsubscribe = plan(self.table.wanted(), self.granted, self.refused)
-            for topic_filter in unsubscribe:
-                await client.unsubscribe(topic_filter)
-                del self.granted[topic_filter]
-            for topic_filter, qos, sub_id in subscribe:
-                props = Properties(PacketTypes.SUBSCRIBE)  # type: ignore[no-untyped-call]
-                props.SubscriptionIdentifier = sub_id
-                codes = await client.subscribe(
-                    topic_filter, options=SubscribeOptions(qos=qos), properties=props
-                )
-                code = codes[0]
-                failed = code >= 0x80 if isinstance(code, int) else code.is_failure
-                if failed:
-                    self.refused[topic_filter] = str(code)
-                    self.pool.stats.errors += 1
-                    log.warning(
-                        "broker %s refused subscription %r: %s",
-                        self.options.address,
-                        topic_filter,
-                        code,
-                    )
-                else:
-                    self.granted[topic_filter] = (qos, sub_id)
-            self._notify()
 
     async def publish_many(self, messages: Sequence[tuple[str, bytes]], qos: int) -> list[bool]:
         """Publish ``messages``; which of them the broker took (QoS 1: acknowledged)."""
@@ -253,37 +170,6 @@ class _Connection:
                     group.create_task(one(i))
         except* aiomqtt.MqttError as eg:
             log.debug("publish to %s failed: %s", self.options.address, eg.exceptions[0])
-
-
-class Subscription:
-    """One subscriber's interest in a topic filter; :meth:`close` ends it."""
-
-    def __init__(self, conn: _Connection, topic_filter: str, key: int) -> None:
-        self._conn: _Connection | None = conn
-        self.topic_filter = topic_filter
-        self._key = key
-
-    @property
-    def active(self) -> bool:
-        """Whether the broker has acknowledged the filter on the current connection."""
-        return self._conn is not None and self._conn.active(self.topic_filter)
-
-    @property
-    def refused(self) -> str | None:
-        """The broker's reason, if it refused the filter."""
-        return None if self._conn is None else self._conn.refused.get(self.topic_filter)
-
-    def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        conn.watchers.pop(self._key, None)
-        last = conn.table.remove(self.topic_filter, self._key)
-        if last:
-            conn.refused.pop(self.topic_filter, None)
-        conn.pool._release(conn)
-        if last and conn.users:  # else the connection closes, and the filter with it
-            conn.changed.set()
 
 
 class BrokerLease:
@@ -334,8 +220,15 @@ class BrokerLease:
             conn.pool._release(conn)
 
 
+class Tracer(Protocol):
+    """Where trace records go (a peer's trace writer)."""
+
+    def emit(self, type: str, **fields: Any) -> None: ...
+
+
 class BrokerPool:
-    """A peer's MQTT connections, one per broker, shared by all its apps.
+    """A peer's MQTT connections, per broker one to subscribe and one to publish,
+    shared by all its apps.
 
     ``start(group)`` runs the connections in the caller's task group; :meth:`aclose`
     ends them. Subscribing or leasing before ``start`` is fine: connecting begins then.
@@ -349,29 +242,34 @@ class BrokerPool:
         rng: random.Random | None = None,
         keepalive_s: int = 30,
         timeout_s: float = 10.0,
-        inbox: int = INBOX,
+        trace: Tracer | None = None,
     ) -> None:
         self.client_id = client_id
+        self.trace = trace  #: where sources write their ``ingest`` trace records
         self.backoff = backoff or Backoff()
         self.rng = rng or random.Random()
         self.keepalive_s = keepalive_s
         self.timeout_s = timeout_s
-        self.inbox = inbox
         self.stats = BrokerPoolStatistics()
-        self._conns: dict[BrokerOptions, _Connection] = {}
+        self._conns: dict[BrokerOptions, _Connection] = {}  #: publishing
+        self._subs: dict[BrokerOptions, Subscribing] = {}  #: ingest processes
+        self._ended: list[Subscribing] = []
+        self._next_key = 0
         self._group: asyncio.TaskGroup | None = None
         self._closed = False
 
     def start(self, group: asyncio.TaskGroup) -> None:
         self._group = group
-        for conn in self._conns.values():
+        conns: list[_Connection | Subscribing] = [*self._conns.values(), *self._subs.values()]
+        for conn in conns:
             if conn.task is None:
                 self._launch(conn)
 
     async def aclose(self) -> None:
         """Disconnect from every broker; the pool cannot be used again."""
         self._closed = True
-        conns, self._conns = list(self._conns.values()), {}
+        conns: list[_Connection | Subscribing] = [*self._conns.values(), *self._subs.values()]
+        self._conns, self._subs = {}, {}
         tasks = [c.task for c in conns if c.task is not None]
         for t in tasks:
             t.cancel()
@@ -387,30 +285,97 @@ class BrokerPool:
         on_active: Callable[[bool], None] | None = None,
     ) -> Subscription:
         """Have ``deliver(topic, payload)`` called for every message matching
-        ``topic_filter`` (synchronously: it must not block); ``on_active`` hears when
-        the broker has (or no longer has) the subscription."""
-        conn = self._acquire(broker)
-        try:
-            key = conn.table.add(topic_filter, qos, deliver)
-        except BaseException:
-            self._release(conn)
-            raise
-        if on_active is not None:
-            conn.watchers[key] = (topic_filter, on_active)
-        conn.changed.set()
-        return Subscription(conn, topic_filter, key)
+        ``topic_filter``, once it is in a private log (see :meth:`subscribe_log`);
+        ``on_active`` hears when the broker has (or no longer has) the subscription."""
+        directory, bind = delivering(deliver, self.stats)
+        sub = self.subscribe_log(
+            broker,
+            topic_filter,
+            qos=qos,
+            log_dir=directory,
+            max_bytes=DELIVER_LOG_BYTES,
+            on_commit=lambda: None,
+            on_active=on_active,
+        )
+        sub.on_commit = bind(sub)
+        return sub
+
+    def subscribe_log(
+        self,
+        broker: BrokerOptions,
+        topic_filter: str,
+        *,
+        qos: int,
+        log_dir: Path,
+        max_bytes: int,
+        limit: int | None = None,
+        on_commit: Callable[[], None],
+        on_active: Callable[[bool], None] | None = None,
+    ) -> Subscription:
+        """Have the broker's messages on ``topic_filter`` written to a log in
+        ``log_dir`` by the broker's ingest process (QoS 1: acknowledged once written),
+        holding at most ``max_bytes`` and ``limit`` unread messages (then shed);
+        ``on_commit()`` says more is committed: read it with the subscription's
+        ``reader`` and say how far with ``read_to``."""
+        bad = filter_problem(topic_filter)
+        if bad is not None:
+            msg = f"bad topic filter {topic_filter!r}: {bad}"
+            raise ExecutionError(msg)
+        if qos not in (0, 1):
+            msg = f"qos must be 0 or 1, got {qos!r}"
+            raise ExecutionError(msg)
+        owner = self._acquire_sub(broker)
+        self._next_key += 1
+        sub = Subscription(
+            owner,
+            self._next_key,
+            topic_filter,
+            qos=qos,
+            log_dir=log_dir,
+            max_bytes=max_bytes,
+            limit=limit,
+            on_commit=on_commit,
+            on_active=on_active,
+        )
+        owner.add(sub)
+        return sub
 
     def lease(self, broker: BrokerOptions) -> BrokerLease:
         """A share of the connection to ``broker``, to publish on."""
         return BrokerLease(self._acquire(broker))
 
     def statistics(self) -> BrokerPoolStatistics:
-        st = self.stats
-        st.connections = len(self._conns)
+        st = dataclasses.replace(self.stats)
+        subs = [*self._subs.values(), *self._ended]
+        for name in ("connects", "reconnects", "messages_in", "unrouted", "errors"):
+            setattr(st, name, getattr(st, name) + sum(s.counters()[name] for s in subs))
+        live = self._subs.values()
+        st.connections = len(self._conns) + len(live)
         st.connected = sum(c.client is not None for c in self._conns.values())
-        st.subscriptions = sum(len(c.granted) for c in self._conns.values())
-        st.subscribers = sum(len(c.table) for c in self._conns.values())
-        return dataclasses.replace(st)
+        st.connected += sum(s.connected for s in live)
+        st.subscriptions = sum(s.subscriptions for s in live)
+        st.subscribers = sum(len(s.subs) for s in live)
+        return st
+
+    def _acquire_sub(self, broker: BrokerOptions) -> Subscribing:
+        if self._closed:
+            msg = "the peer's broker pool is closed"
+            raise ExecutionError(msg)
+        sub = self._subs.get(broker)
+        if sub is None:
+            broker.ssl_context(f"broker {broker.address}")  # a bad CA file fails here
+            sub = self._subs[broker] = Subscribing(self, broker)
+            if self._group is not None:
+                self._launch(sub)
+        return sub
+
+    def _release_sub(self, sub: Subscribing) -> None:
+        if sub.subs or self._subs.get(sub.options) is not sub:
+            return
+        del self._subs[sub.options]
+        self._ended.append(sub)  # its counters still count
+        if sub.task is not None:
+            sub.task.cancel()
 
     def _acquire(self, broker: BrokerOptions) -> _Connection:
         if self._closed:
@@ -432,6 +397,6 @@ class BrokerPool:
         if conn.task is not None:
             conn.task.cancel()
 
-    def _launch(self, conn: _Connection) -> None:
+    def _launch(self, conn: _Connection | Subscribing) -> None:
         assert self._group is not None
         conn.task = self._group.create_task(conn.run(), name=f"mqtt {conn.options.address}")

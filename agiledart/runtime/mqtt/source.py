@@ -3,40 +3,54 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from agiledart.app.errors import DataError, ExecutionError
 from agiledart.app.spec import SourceSpec
-from agiledart.dataplane import OverloadPolicy, SourceBuffer
 from agiledart.operators import Record
 from agiledart.runtime.connectors import SourceStatistics
 from agiledart.runtime.mqtt.core import BrokerOptions, PayloadDecoder
 from agiledart.runtime.mqtt.pool import BrokerPool
+from agiledart.runtime.mqtt.subscriptions import Subscription
 
 __all__ = ["MqttSource", "MqttSourceStatistics"]
 
-_SHED = {"shed-oldest": OverloadPolicy.SHED_OLDEST, "shed-newest": OverloadPolicy.SHED_NEWEST}
+_POLICIES = ("shed-oldest", "shed-newest")
+#: a source that sheds writes an ``ingest`` trace record at most this often
+TRACE_EVERY_S = 1.0
 
 
 @dataclass(slots=True)
 class MqttSourceStatistics(SourceStatistics):
-    """A source's statistics, and whether the broker has its subscription now."""
+    """A source's statistics, and whether the broker has its subscription now.
+
+    ``shed`` counts every message the engine took from the broker and gave up: the
+    log was full (its ``buffer`` or ``buffer_mb``), or the disk failed."""
 
     received: int = 0  #: messages that reached the source (parsed or not)
     subscribed: bool = False
+    backlog: int = 0  #: messages in the source's log, not yet handed on
+    log_position: int = 0  #: messages read from the log so far (a replay point)
 
 
 class MqttSource:
     """An ``mqtt`` source: the records of the messages on a topic filter.
 
-    Each message is decoded by a :class:`~agiledart.runtime.mqtt.PayloadDecoder`
-    (a bad one counts in ``parse_errors``) into a bounded buffer that sheds when full,
-    oldest or newest first (``shed``): the connection is shared, so one slow app must
-    not hold the others back. :meth:`run` hands downstream up to ``batch_size``
-    records at a time, lingering ``tick_s`` for a batch to gather; with ``count`` it
-    returns after that many records (those shed included), unsubscribing.
+    Every message goes into the source's log on the peer's disk as it arrives,
+    written by the broker's ingest process (:mod:`.worker`; a QoS 1 message is
+    acknowledged once written), so the broker never waits on the engine.
+    :meth:`run` reads the log behind, decoding each message with a
+    :class:`~agiledart.runtime.mqtt.PayloadDecoder` (a bad one counts in
+    ``parse_errors``) and handing downstream up to ``batch_size`` records at a
+    time, lingering ``tick_s`` for a batch to gather.
+    The log holds at most ``buffer`` messages and ``buffer_mb`` MiB: past that the
+    source sheds, the oldest unread or the newest arrivals (``overload``), counted
+    in ``shed``. With ``count`` it returns after that many records (those shed
+    included), unsubscribing.
     """
 
     def __init__(
@@ -44,6 +58,7 @@ class MqttSource:
         spec: SourceSpec,
         *,
         brokers: BrokerPool,
+        log_dir: Path | None = None,
         batch_size: int = 1000,
         tick_s: float = 0.005,
         wall_ms: Callable[[], float] = lambda: time.time() * 1000.0,
@@ -67,37 +82,88 @@ class MqttSource:
             topic_field=p.get("topic_field"),
             wall_ms=wall_ms,
         )
-        policy = _SHED.get(p.get("overload", "shed-oldest"))
-        if policy is None:
+        policy = p.get("overload", "shed-oldest")
+        if policy not in _POLICIES:
             msg = f"{owner}: overload must be shed-oldest or shed-newest"
             raise ExecutionError(msg)
-        self._buffer = SourceBuffer(int(p.get("buffer", 10_000)), policy)
+        self._shed_oldest = policy == "shed-oldest"
+        self._limit = int(p.get("buffer", 1_000_000))
+        self._max_bytes = int(p.get("buffer_mb", 256)) << 20
+        if log_dir is None:  # a source outside a peer (tests, tools): a private directory
+            log_dir = Path(tempfile.mkdtemp(prefix=f"agiledart-mqtt-{spec.id}-"))
+        self.log_dir = log_dir
         self._brokers = brokers
         self._batch_size = batch_size
         self._tick_s = tick_s
         self._sleep = sleep
-        self._taken = 0
+        self._taken = 0  #: records handed on, toward ``count``
         self._ended = self.count == 0
         self._wake = asyncio.Event()
         self._started = False
+        self._sub: Subscription | None = None
+        self._traced_shed = 0
+        self._traced_at = -TRACE_EVERY_S
 
-    def _on_message(self, topic: str, payload: bytes) -> None:
-        if self._ended:
-            return
-        self.stats.received += 1
-        try:
-            record = self._decode(topic, payload)
-        except DataError:
-            self.stats.parse_errors += 1
-            return
-        self._buffer.send_nowait(record)
-        self._taken += 1
-        if self.count is not None and self._taken >= self.count:
-            self._ended = True
+    def _on_commit(self) -> None:
+        self._update()
         self._wake.set()
 
     def _on_active(self, active: bool) -> None:
         self.stats.subscribed = active
+
+    @property
+    def _shed(self) -> int:
+        sub = self._sub
+        return 0 if sub is None else sub.shed + sub.reader.skipped
+
+    def _update(self, *, ending: bool = False) -> None:
+        sub, st = self._sub, self.stats
+        if sub is None:
+            return
+        st.shed = self._shed
+        st.received = sub.received
+        st.backlog = sub.reader.backlog
+        st.log_position = sub.reader.position
+        trace = self._brokers.trace
+        now = time.monotonic()
+        if trace is None or st.shed == self._traced_shed:
+            return
+        if ending or now - self._traced_at >= TRACE_EVERY_S:
+            self._traced_shed, self._traced_at = st.shed, now
+            trace.emit(
+                "ingest",
+                source=self.spec.id,
+                broker=self.broker.address,
+                topic=self.topic_filter,
+                received=st.received,
+                shed=st.shed,
+                backlog=st.backlog,
+            )
+
+    def _take(self, sub: Subscription) -> list[Record]:
+        """Decode the next batch from the log (shedding its oldest past ``buffer``)."""
+        reader = sub.reader
+        over = reader.backlog - self._limit
+        if self._shed_oldest and over > 0:
+            reader.skip(over)
+        want = self._batch_size
+        if self.count is not None:
+            want = min(want, self.count - self._taken - self._shed)
+        records: list[Record] = []
+        while len(records) < want:
+            messages = reader.read(want - len(records))
+            if not messages:
+                break
+            for topic, payload in messages:
+                try:
+                    records.append(self._decode(topic, payload))
+                except DataError:
+                    self.stats.parse_errors += 1
+        self._taken += len(records)
+        return records
+
+    def _done(self) -> bool:
+        return self.count is not None and self._taken + self._shed >= self.count
 
     async def run(self, emit: Callable[[list[Record]], Awaitable[None]]) -> None:
         """Hand the records to ``emit`` in batches; return after ``count`` records.
@@ -108,31 +174,35 @@ class MqttSource:
             msg = f"source {self.spec.id!r} runs once; make a new MqttSource"
             raise ExecutionError(msg)
         self._started = True
-        sub = self._brokers.subscribe(
+        sub = self._sub = self._brokers.subscribe_log(
             self.broker,
             self.topic_filter,
-            self._on_message,
             qos=self.qos,
+            log_dir=self.log_dir,
+            max_bytes=self._max_bytes,
+            limit=None if self._shed_oldest else self._limit,
+            on_commit=self._on_commit,
             on_active=self._on_active,
         )
         st = self.stats
         try:
-            while True:
-                if not self._buffer:
-                    if self._ended:
-                        break
+            while not self._ended:
+                batch = self._take(sub)
+                self._update()
+                if batch:
+                    await emit(batch)
+                    st.emitted += len(batch)
+                    st.batches += 1
+                    sub.read_to(sub.reader.position)
+                if self._done():
+                    self._ended = True
+                elif not batch and not sub.reader.backlog:
                     self._wake.clear()
                     await self._wake.wait()
-                    if len(self._buffer) < self._batch_size and not self._ended:
+                    if sub.reader.backlog < self._batch_size:
                         await self._sleep(self._tick_s)  # let a batch gather
-                    continue
-                batch = self._buffer.take(self._batch_size)
-                st.shed = self._buffer.statistics().shed
-                await emit(batch)
-                st.emitted += len(batch)
-                st.batches += 1
         finally:
+            self._update(ending=True)
             sub.close()
             st.subscribed = False
-            st.shed = self._buffer.statistics().shed
         st.finished = True

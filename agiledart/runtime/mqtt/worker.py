@@ -1,0 +1,182 @@
+"""The peer's ingest process: one per broker, reading the broker into sources' logs.
+
+``python -m agiledart.runtime.mqtt.worker``, started by the peer's
+:class:`~agiledart.runtime.mqtt.BrokerPool`. Why a process: with Mosquitto's default
+``max_inflight_messages 20`` a QoS 1 subscriber has to acknowledge every 20 messages
+within about a millisecond to keep up with a ``mosquitto_pub`` burst, or the broker's
+queue (``max_queued_messages 1000``) overflows and it drops the rest. A peer's event
+loop, busy with its apps, and on a shared CPU, cannot promise that; a small process
+that only reads, writes logs and acknowledges wakes as promptly as
+``mosquitto_sub`` does. It runs :class:`~agiledart.runtime.mqtt.ingest.Ingest`.
+
+The peer and the process speak JSON lines. Peer to process (stdin): first the
+connection (``broker`` options, ``client_id``, ``keepalive_s``, ``timeout_s``,
+``log_level``), then ``{"op": "add", "key", "filter", "qos", "dir", "max_bytes",
+"limit", "start"}``, ``{"op": "remove", "key"}`` and ``{"op": "read", "key",
+"position"}`` (how far a source has read: the log's bound counts from there). Process
+to peer (stdout): ``{"k": key, "c": committed, "s": shed, "r": received}`` after a
+commit, ``{"k": key, "a": active, "why": refused}`` when the broker takes or loses a
+subscription, ``{"stats": {...}}`` twice a second while they change. The process ends
+when its stdin closes (the peer is gone) or it is terminated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import sys
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from agiledart.runtime.mqtt.core import Backoff, BrokerOptions, BrokerPoolStatistics
+from agiledart.runtime.mqtt.ingest import Ingest
+from agiledart.runtime.mqtt.log import LogWriter
+
+__all__ = ["main"]
+
+log = logging.getLogger(__name__)
+
+#: seconds between statistics reports
+STATS_S = 0.5
+
+
+@dataclass(slots=True)
+class _Sub:
+    key: int
+    topic_filter: str
+    writer: LogWriter
+    received: int = 0
+    reported: tuple[int, int, int] = (-1, -1, -1)
+
+    def deliver(self, topic: str, payload: bytes) -> None:
+        self.received += 1
+        self.writer.append(topic, payload)
+
+
+class _Worker:
+    def __init__(self, config: dict[str, Any], out: asyncio.WriteTransport) -> None:
+        self.out = out
+        self.stats = BrokerPoolStatistics()
+        self.ingest = Ingest(
+            BrokerOptions(**config["broker"]),
+            client_id=lambda: f"{config['client_id']}-{random.getrandbits(48):012x}",
+            keepalive_s=int(config["keepalive_s"]),
+            timeout_s=float(config["timeout_s"]),
+            stats=self.stats,
+        )
+        self.backoff = Backoff(**config.get("backoff", {}))
+        self.subs: dict[int, _Sub] = {}
+        self._keys: dict[int, int] = {}  #: the peer's key -> the table's
+        self._reported: dict[str, Any] = {}
+
+    def send(self, message: dict[str, Any]) -> None:
+        if not self.out.is_closing():
+            self.out.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+
+    def command(self, cmd: dict[str, Any]) -> None:
+        op, key = cmd["op"], int(cmd["key"])
+        if op == "add":
+            self._add(key, cmd)
+        elif op == "remove":
+            self._remove(key)
+        elif op == "read" and key in self.subs:
+            self.subs[key].writer.reader_at(int(cmd["position"]))
+
+    def _add(self, key: int, cmd: dict[str, Any]) -> None:
+        ingest = self.ingest
+        writer = LogWriter(
+            Path(cmd["dir"]),
+            max_bytes=int(cmd["max_bytes"]),
+            limit=cmd.get("limit"),
+            start=int(cmd.get("start", 0)),
+        )
+        sub = self.subs[key] = _Sub(key, cmd["filter"], writer)
+        tkey = self._keys[key] = ingest.table.add(sub.topic_filter, int(cmd["qos"]), sub.deliver)
+        ingest.watchers[tkey] = (sub.topic_filter, partial(self._active, key))
+        ingest.commits[tkey] = partial(self._commit, key)
+        ingest.changed.set()
+
+    def _remove(self, key: int) -> None:
+        ingest = self.ingest
+        sub = self.subs.pop(key, None)
+        if sub is None:
+            return
+        tkey = self._keys.pop(key)
+        ingest.watchers.pop(tkey, None)
+        ingest.commits.pop(tkey, None)
+        if ingest.table.remove(sub.topic_filter, tkey):
+            ingest.refused.pop(sub.topic_filter, None)
+            ingest.changed.set()
+        sub.writer.close()
+
+    def _active(self, key: int, active: bool) -> None:
+        sub = self.subs.get(key)
+        if sub is not None:
+            self.report()  # first: the subscriptions and connection this change made
+            self.send({"k": key, "a": active, "why": self.ingest.refused.get(sub.topic_filter)})
+
+    def _commit(self, key: int) -> None:
+        sub = self.subs.get(key)
+        if sub is None:
+            return
+        sub.writer.commit()
+        now = (sub.writer.committed, sub.writer.shed, sub.received)
+        if now != sub.reported:
+            sub.reported = now
+            self.report()  # first: the counts that include these messages
+            self.send({"k": key, "c": now[0], "s": now[1], "r": now[2]})
+
+    def report(self) -> None:
+        """Send the statistics, if they changed since last sent."""
+        st = asdict(self.stats)
+        st["connected"] = int(self.ingest.connected)
+        st["subscriptions"] = len(self.ingest.granted)
+        if st != self._reported:
+            self._reported = st
+            self.send({"stats": st})
+
+    async def reporting(self) -> None:
+        while True:
+            await asyncio.sleep(STATS_S)
+            self.report()
+
+    async def commands(self, reader: asyncio.StreamReader) -> None:
+        while line := await reader.readline():
+            try:
+                self.command(json.loads(line))
+            except Exception:  # a bad command is the peer's bug: say so, go on
+                log.exception("ingest worker: bad command %r", line[:200])
+
+
+async def _serve() -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 20)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    out, _ = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout)
+    config = json.loads(await reader.readline())
+    logging.basicConfig(
+        level=config.get("log_level", logging.WARNING),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    worker = _Worker(config, out)
+    async with asyncio.TaskGroup() as group:
+        run = group.create_task(worker.ingest.run(worker.backoff, random.Random()))
+        stats = group.create_task(worker.reporting())
+        await worker.commands(reader)  # until the peer closes our stdin
+        run.cancel()
+        stats.cancel()
+    for sub in worker.subs.values():
+        sub.writer.close()
+
+
+def main() -> None:
+    asyncio.run(_serve())
+
+
+if __name__ == "__main__":
+    main()
