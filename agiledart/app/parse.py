@@ -254,11 +254,12 @@ class _Parser(NodeParser):
 
 def _first_per_field(problems: list[Problem]) -> list[Problem]:
     """One problem per field, the first found: a parameter without a value makes the
-    field it fills invalid too, and saying so again is noise."""
+    field it fills invalid too, and saying so again is noise. Each bad ``--set`` is a
+    problem of its own."""
     seen: set[str] = set()
     out = []
     for p in problems:
-        if p.path not in seen:
+        if p.path not in seen or p.path == "--set":
             seen.add(p.path)
             out.append(p)
     return out
