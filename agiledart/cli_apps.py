@@ -228,7 +228,15 @@ def _print_status(s: dict[str, Any]) -> None:
     )
     print(f"  scheduler: {s.get('scheduler')}")
     for src, peer in s.get("sources", {}).items():
-        print(f"  source {src} @ {peer}")
+        info = ((s.get("peers") or {}).get(peer) or {}).get("sources", {}).get(src) or {}
+        state = info.get("connection")
+        if state in (None, "connected"):
+            print(f"  source {src} @ {peer}" + (": connected" if state else ""))
+            continue
+        since = info.get("retrying_since")
+        when = f" since {time.strftime('%H:%M:%S', time.localtime(since))}" if since else ""
+        error = f": {info['last_error']}" if info.get("last_error") else ""
+        print(f"  source {src} @ {peer}: {state}{when}{error}")
     for op, peers in s.get("placement", {}).items():
         print(f"  operator {op} @ {', '.join(peers)}")
     for sink, peer in s.get("sinks", {}).items():

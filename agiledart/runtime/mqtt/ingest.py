@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import socket
 import time
@@ -144,10 +145,19 @@ class Ingest:
         self._routes: dict[tuple[str, tuple[int, ...]], list[Deliver]] = {}
         self._routes_version = -1
         self.sessions_connected = 0  #: sessions that got a CONNACK (the pool counts connects)
+        #: why the broker is not connected now (None once a session is up), and since when
+        #: (wall-clock seconds): what ``status`` shows as the source's connection
+        self.last_error: str | None = None
+        self.down_since: float | None = time.time()
 
     @property
     def connected(self) -> bool:
         return self._proto is not None
+
+    def _down(self, error: str) -> None:
+        self.last_error = error
+        if self.down_since is None:
+            self.down_since = time.time()
 
     def active(self, topic_filter: str) -> bool:
         return self._proto is not None and topic_filter in self.granted
@@ -221,9 +231,11 @@ class Ingest:
             except BrokerError as exc:  # the first failure in a row is news
                 level = logging.WARNING if attempt == 0 else logging.DEBUG
                 log.log(level, "MQTT broker %s: %s", self.options.address, exc)
-            except Exception:  # a bug must not end the ingest: log, count, retry
+                self._down(str(exc))
+            except Exception as exc:  # a bug must not end the ingest: log, count, retry
                 st.errors += 1
                 log.exception("MQTT connection to %s failed", self.options.address)
+                self._down(f"{type(exc).__name__}: {exc}")
             if self.sessions_connected > before:
                 attempt = 0
             await asyncio.sleep(backoff.delay(attempt, rng))
@@ -245,7 +257,8 @@ class Ingest:
                     server_hostname=o.host if self.tls is not None else None,
                 )
         except (OSError, TimeoutError) as exc:
-            msg = f"cannot connect: {exc or 'timed out'}"
+            why = os.strerror(exc.errno) if exc.errno else str(exc) or "timed out"
+            msg = f"cannot connect to {o.host}:{o.port}: {why}"
             raise BrokerError(msg) from None
         try:
             self._connack = loop.create_future()
@@ -263,6 +276,7 @@ class Ingest:
                 msg = f"the broker refused the connection (reason 0x{ack.reason:02x})"
                 raise BrokerError(msg)
             self._proto = proto
+            self.last_error, self.down_since = None, None
             if self.sessions_connected:
                 self.stats.reconnects += 1
             self.sessions_connected += 1

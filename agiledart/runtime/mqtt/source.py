@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agiledart.app.errors import DataError, ExecutionError
 from agiledart.app.spec import SourceSpec
@@ -35,6 +36,11 @@ class MqttSourceStatistics(SourceStatistics):
     subscribed: bool = False
     backlog: int = 0  #: messages in the source's log, not yet handed on
     log_position: int = 0  #: messages read from the log so far (a replay point)
+    #: the broker connection: connecting, connected or retrying (since when, wall-clock
+    #: seconds, and the last error: a wrong port shows as "cannot connect: ... refused")
+    connection: str = "connecting"
+    retrying_since: float | None = None
+    last_error: str | None = None
 
 
 class MqttSource:
@@ -111,6 +117,12 @@ class MqttSource:
     def _on_active(self, active: bool) -> None:
         self.stats.subscribed = active
 
+    def _on_connection(self, state: dict[str, Any]) -> None:
+        st = self.stats
+        st.connection = str(state.get("state"))
+        st.retrying_since = state.get("since") if st.connection != "connected" else None
+        st.last_error = state.get("last_error")
+
     @property
     def _shed(self) -> int:
         sub = self._sub
@@ -184,6 +196,9 @@ class MqttSource:
             on_commit=self._on_commit,
             on_active=self._on_active,
         )
+        sub.on_connection = self._on_connection
+        if sub._owner is not None:  # the broker's connection as it is now
+            self._on_connection(sub._owner.connection())
         st = self.stats
         try:
             while not self._ended:

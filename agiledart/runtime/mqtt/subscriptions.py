@@ -66,6 +66,8 @@ class Subscription:
         self.limit = limit
         self.on_commit = on_commit
         self.on_active = on_active
+        #: told the broker connection's state as it changes (see Subscribing.connection)
+        self.on_connection: Callable[[dict[str, Any]], None] | None = None
         self.active = False  #: whether the broker holds the filter on the current connection
         self.refused: str | None = None  #: the broker's reason, if it refused the filter
         self.shed = 0  #: messages the ingest process gave up (the log was full)
@@ -132,6 +134,7 @@ class Subscribing:
         self._remote: dict[str, int] = {}  #: the running process's counters
         self._before = dict.fromkeys(_COUNTERS, 0)  #: counters of processes that ended
         self._proc: asyncio.subprocess.Process | None = None
+        self._ended_why: str | None = None  #: set when an ingest process ended
 
     @property
     def users(self) -> int:
@@ -210,6 +213,7 @@ class Subscribing:
             self._remote = st
             self.connected = bool(st.get("connected"))
             self.subscriptions = int(st.get("subscriptions", 0))
+            self._tell_connection()
             return
         sub = self.subs.get(int(message.get("k", -1)))
         if sub is not None:
@@ -219,15 +223,36 @@ class Subscribing:
                 self.pool.stats.errors += 1
                 log.exception("an MQTT subscriber failed on %s", self.options.address)
 
+    def connection(self) -> dict[str, Any]:
+        """``{"state": connected | retrying | connecting, "since", "last_error"}``: the
+        broker connection as ``status`` shows it for the sources that use it."""
+        st = self._remote
+        if self.connected:
+            return {"state": "connected", "since": None, "last_error": None}
+        error = st.get("last_error") or self._ended_why
+        return {
+            "state": "retrying" if error else "connecting",
+            "since": st.get("down_since"),
+            "last_error": error,
+        }
+
+    def _tell_connection(self) -> None:
+        state = self.connection()
+        for sub in list(self.subs.values()):
+            if sub.on_connection is not None:
+                sub.on_connection(state)
+
     def _ended(self) -> None:
         for k in _COUNTERS:
             self._before[k] += int(self._remote.get(k, 0))
+        self._ended_why = "the ingest process ended (restarting it)"
         self._remote = {}
         self.connected, self.subscriptions = False, 0
         for sub in self.subs.values():
             sub._restarted()
             if sub.active:
                 sub._set_active(False)
+        self._tell_connection()
 
 
 def delivering(

@@ -135,6 +135,8 @@ class _Worker:
         st = asdict(self.stats)
         st["connected"] = int(self.ingest.connected)
         st["subscriptions"] = len(self.ingest.granted)
+        st["last_error"] = self.ingest.last_error
+        st["down_since"] = self.ingest.down_since
         if st != self._reported:
             self._reported = st
             self.send({"stats": st})
