@@ -248,23 +248,38 @@ async def test_handshake_timeout_closes_silent_and_trickling_connections() -> No
         await until(lambda: server.statistics().open_connections == 0, "closed")
 
 
-async def test_the_connection_cap() -> None:
-    limits = FrameLimits(max_connections=3, handshake_timeout_s=60)
+async def test_a_full_handshake_budget_sheds_the_oldest_idle_connection_not_the_client() -> None:
+    limits = FrameLimits(max_handshakes=3, max_handshakes_per_address=3, handshake_timeout_s=60)
     server = FrameServer(key=KEY, name="bob", limits=limits)
     server.route("echo", echo)
     async with serving(server) as (host, port):
         idle = [await asyncio.open_connection(host, port) for _ in range(3)]
         await until(lambda: server.statistics().open_connections == 3, "three open")
-        with pytest.raises(PeerUnreachable, match="closed the connection during the handshake"):
-            await FrameClient.connect(host, port, key=KEY, name="alice", timeout=5)
-        assert server.statistics().rejected["over_capacity"] == 1
+        async with await FrameClient.connect(host, port, key=KEY, name="alice", timeout=5) as c:
+            assert (await c.request("echo", {"x": 4}, timeout=5))["echo"] == 4
+        assert server.statistics().events["shed_handshakes"] == 1
+        assert await idle[0][0].read() == b""  # the oldest idle one made room
         for _, writer in idle:
             writer.close()
-            await writer.wait_closed()
-        await until(lambda: server.statistics().open_connections == 0, "all closed")
-        async with await FrameClient.connect(host, port, key=KEY, name="alice") as client:
-            assert (await client.request("echo", {"x": 4}, timeout=5))["echo"] == 4
-        assert server.statistics().events["aborted_handshakes"] == 3
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+
+async def test_proven_sessions_have_their_own_cap() -> None:
+    server = FrameServer(key=KEY, name="bob", limits=FrameLimits(max_connections=2))
+    server.route("echo", echo)
+    async with (
+        serving(server) as (host, port),
+        await FrameClient.connect(host, port, key=KEY, name="a") as a,
+        await FrameClient.connect(host, port, key=KEY, name="b") as b,
+    ):
+        await a.request("echo", {"x": 1}, timeout=5)
+        await b.request("echo", {"x": 1}, timeout=5)
+        late = await FrameClient.connect(host, port, key=KEY, name="c", timeout=5)
+        with pytest.raises(PeerUnreachable):
+            await late.request("echo", {"x": 1}, timeout=5)
+        await late.aclose()
+        assert server.statistics().rejected["over_capacity"] == 1
 
 
 async def test_requests_in_flight_per_connection_are_bounded() -> None:
