@@ -44,7 +44,14 @@ from agiledart.errors import AgiledartError
 
 from .admission import HandshakeAdmission
 from .auth import ClusterKey
-from .errors import BadMessage, ConfigError, OverlayError, OversizeError, PeerUnreachable
+from .errors import (
+    BadMessage,
+    ConfigError,
+    KeyMismatch,
+    OverlayError,
+    OversizeError,
+    PeerUnreachable,
+)
 from .frames import (
     DEFAULT_MAX_FRAME,
     NEED_DATA,
@@ -323,9 +330,11 @@ async def _handshake(
     conn: FrameConnection, stream: _Stream, on_data: Callable[[], None] | None = None
 ) -> str:
     while True:
-        event = conn.next_event()
-        if out := conn.data_to_send():
-            stream.transport.write(out)
+        try:
+            event = conn.next_event()
+        finally:  # a refusal goes out even when the handshake fails
+            if out := conn.data_to_send():
+                stream.transport.write(out)
         if event is NEED_DATA:
             chunks = await stream.receive()
             if on_data is not None and chunks:
@@ -675,7 +684,7 @@ class FrameServer:
             rng=self._rng,
         )
         stats.live.add(conn)
-        session = False
+        session = refused = False
         try:
             try:
                 async with asyncio.timeout(limits.handshake_timeout_s):
@@ -701,6 +710,7 @@ class FrameServer:
         except _Aborted:
             stats.events["aborted_handshakes"] += 1
         except BadMessage as exc:
+            refused = isinstance(exc, KeyMismatch)  # the refusal must reach the client
             stats.reject(exc.reason, exc, address)
         except OSError:
             stats.events["connection_errors"] += 1
@@ -711,7 +721,7 @@ class FrameServer:
             if session:
                 self._sessions -= 1
             stats.retire(conn)
-            if conn.state is State.BROKEN:
+            if conn.state is State.BROKEN and not refused:
                 stream.transport.abort()
             else:
                 stream.transport.close()
@@ -777,6 +787,9 @@ class FrameClient:
             if isinstance(exc, OSError):
                 msg = f"cannot connect to {host}:{port}: {exc.strerror or exc}"
                 raise PeerUnreachable(msg) from None
+            if isinstance(exc, KeyMismatch):
+                msg = f"{host}:{port}: {exc}"
+                raise KeyMismatch(msg) from None
             raise
         stats.live.add(conn)
         stats.sessions += 1
@@ -847,3 +860,19 @@ class FrameClient:
             log.exception("frame client connection to %s failed", channel.info)
         finally:
             stats.retire(channel.conn)
+
+
+async def key_differs_at(
+    host: str, port: int, *, key: ClusterKey, name: str, timeout: float = 3.0
+) -> KeyMismatch | None:
+    """Whether the peer at ``host:port`` says our cluster key differs from its own (a
+    handshake, nothing more): how a peer whose datagrams go unanswered tells a wrong
+    key from a peer that is down."""
+    try:
+        client = await FrameClient.connect(host, port, key=key, name=name, timeout=timeout)
+    except KeyMismatch as exc:
+        return exc
+    except OverlayError:
+        return None
+    await client.aclose()
+    return None

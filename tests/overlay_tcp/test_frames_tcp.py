@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 
 from agiledart.overlay.auth import ClusterKey
-from agiledart.overlay.errors import AuthError, ConfigError, MalformedError, PeerUnreachable
+from agiledart.overlay.errors import (
+    AuthError,
+    ConfigError,
+    KeyMismatch,
+    MalformedError,
+    PeerUnreachable,
+)
 from agiledart.overlay.frames import FrameConnection, Role
 from agiledart.overlay.tcp import (
     ConnectionInfo,
@@ -22,8 +28,8 @@ from agiledart.overlay.tcp import (
     RemoteError,
 )
 
-KEY = ClusterKey.from_material("test-cluster-key-0123456789")
-OTHER_KEY = ClusterKey.from_material("some-other-cluster-key-987")
+KEY = ClusterKey.generate(random.Random("test-cluster-key-0123456789"))
+OTHER_KEY = ClusterKey.generate(random.Random("some-other-cluster-key-987"))
 
 
 @contextlib.asynccontextmanager
@@ -205,23 +211,17 @@ async def test_connect_failures_are_peer_unreachable() -> None:
             )
 
 
-async def test_wrong_key_is_refused_on_both_sides() -> None:
+async def test_wrong_key_is_refused_on_both_sides_with_words_that_name_the_fix(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     server = FrameServer(key=KEY, name="bob")
     server.route("echo", echo)
     async with serving(server) as (host, port):
-        with pytest.raises(AuthError, match="server failed to prove"):
+        fix = "the cluster key differs from this peer's: check --cluster-key-file"
+        with pytest.raises(KeyMismatch, match=f"{host}:{port}: {fix}"):
             await FrameClient.connect(host, port, key=OTHER_KEY, name="mallory", timeout=5)
-        # a client that ignores the server's failed proof and answers anyway
-        reader, writer = await asyncio.open_connection(host, port)
-        conn = FrameConnection(role=Role.CLIENT, key=OTHER_KEY, name="mallory")
-        writer.write(conn.data_to_send())
-        head = await reader.readexactly(4)
-        await reader.readexactly(int.from_bytes(head, "big"))  # the server hello
-        writer.write(b"\x00\x00\x00\x20" + bytes(32))
-        assert await reader.read() == b""  # the server hangs up
-        writer.close()
-        await writer.wait_closed()
-        await until(lambda: server.statistics().rejected.get("auth") == 1, "rejected")
+        await until(lambda: server.statistics().rejected.get("key") == 1, "rejected")
+        assert any(f"client 'mallory': {fix}" in r.getMessage() for r in caplog.records)
         async with await FrameClient.connect(host, port, key=KEY, name="alice") as client:
             assert (await client.request("echo", {"x": 3}, timeout=5))["echo"] == 3
         assert server.statistics().sessions == 1
