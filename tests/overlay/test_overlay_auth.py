@@ -254,3 +254,37 @@ async def test_clock_skew_is_a_rate_limited_warning_that_says_to_check_the_clock
     assert "120.0 s ahead" in warnings[0].getMessage()
     assert "check the clock (NTP)" in warnings[0].getMessage()
     assert node.stats["rejected_clock"] == 20
+
+
+# -- files ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("writer", ["atomic_write", "node_id", "checkpoint"])
+def test_a_rename_is_made_durable_by_syncing_its_directory(
+    writer: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import stat
+
+    from agiledart.overlay.files import atomic_write
+    from agiledart.runtime import checkpoints
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    target = tmp_path / "x"
+    if writer == "atomic_write":
+        atomic_write(target, b"data", mode=0o600)
+        assert target.read_bytes() == b"data"
+        assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    elif writer == "node_id":
+        ids.load_or_create_node_id(tmp_path)
+    else:
+        checkpoints._write_file(target, b"fragment")
+    assert synced[-1] == "dir"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

@@ -11,7 +11,7 @@ import pytest
 from support.processes import free_port, poll
 
 from agiledart.emulate import LocalCluster
-from agiledart.overlay.keys import make_key_text
+from agiledart.overlay.keys import make_key_text, parse_keys
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
@@ -105,3 +105,45 @@ def test_a_peer_started_with_another_key_says_so_instead_of_retrying_silently(
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_keygen_makes_full_strength_keys_and_walks_a_rotation(tmp_path: Path) -> None:
+    key = tmp_path / "cluster.key"
+
+    def keygen(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "agiledart.cli", "keygen", "--out", str(key), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    assert keygen().returncode == 0
+    assert key.stat().st_mode & 0o777 == 0o600
+    first = parse_keys(key.read_text())
+    assert len(first) == 1
+    assert "agiledart-key-v1:" in key.read_text()
+    assert "--force" in keygen().stderr  # never overwritten by accident
+    for step, expect in [("add", 2), ("promote", 2), ("retire", 1)]:
+        proc = keygen("--rotate", step)
+        assert proc.returncode == 0, proc.stderr
+        assert len(parse_keys(key.read_text())) == expect
+    assert parse_keys(key.read_text()) != first  # the new key seals, the old one is gone
+    key.write_text("my-long-and-memorable-cluster-pass-phrase\n")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agiledart.cli",
+            "ring",
+            "--via",
+            "127.0.0.1:1",
+            "--cluster-key-file",
+            str(key),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "agiledart keygen" in proc.stderr
