@@ -12,6 +12,12 @@ handlers.
   the connection stops reading, so TCP pushes back on the sender). A connection task
   never raises: bad input is counted by reason, logged at a bounded rate, and closes
   that connection only.
+* Admission: a connection still in the handshake counts against a small budget of
+  its own (``max_handshakes``, ``max_handshakes_per_address``), apart from proven
+  sessions (``max_connections``); when that budget is full the oldest pending
+  connection is shed, never the newcomer (``admission.py``), and one that has not
+  proven the key within ``handshake_timeout_s`` is closed. A keyless flood of idle
+  sockets therefore competes only with itself.
 * Handler errors: an :class:`~agiledart.errors.AgiledartError` becomes the reply
   ``{"ok": False, "error": {"type": class name, "message": str(exc)}}``; anything else
   is logged with its traceback and answered as ``InternalError``. The connection lives
