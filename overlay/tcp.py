@@ -106,7 +106,7 @@ class RemoteError(OverlayError):
 class FrameLimits:
     max_frame: int = DEFAULT_MAX_FRAME  #: largest frame body accepted or sent, bytes
     max_connections: int = 1024  #: server: proven sessions open at once
-    max_handshakes: int = 64  #: server: connections still in the handshake (oldest shed)
+    max_handshakes: int = 256  #: server: connections still in the handshake (oldest shed)
     max_handshakes_per_address: int = 8  #: server: of those, from one source address
     handshake_timeout_s: float = 3.0  #: server: a connection must prove the key by then
     max_concurrent_requests: int = 64  #: request handlers in flight per connection
@@ -594,6 +594,7 @@ class FrameServer:
         self._server: asyncio.Server | None = None
         self._serve_task: asyncio.Task[None] | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._clock = clock
         self._admission: HandshakeAdmission[_Stream] = HandshakeAdmission(
             max_pending=self.limits.max_handshakes,
             max_per_address=self.limits.max_handshakes_per_address,
@@ -664,7 +665,7 @@ class FrameServer:
         if self._closing or self._group is None:
             stream.transport.abort()
             return
-        for victim in self._admission.admit(stream, stream.address[0]):
+        for victim in self._admission.admit(stream, stream.address[0], self._clock()):
             # the newcomer is never refused: the oldest unproven connection makes room
             self._stats.events["shed_handshakes"] += 1
             victim.transport.abort()

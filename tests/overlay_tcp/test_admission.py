@@ -29,12 +29,21 @@ def test_silent_connections_are_shed_before_those_that_sent_a_hello() -> None:
 
 def test_one_address_cannot_hold_more_than_its_share() -> None:
     policy: HandshakeAdmission[int] = HandshakeAdmission(max_pending=100, max_per_address=2)
-    assert policy.admit(1, "flood") == []
-    assert policy.admit(2, "flood") == []
-    assert policy.admit(3, "flood") == [1]
-    assert policy.admit(4, "client") == []  # another address is untouched
+    assert policy.admit(1, "flood", now=0.0) == []
+    assert policy.admit(2, "flood", now=0.1) == []
+    assert policy.admit(3, "flood", now=1.0) == [1]
+    assert policy.admit(4, "client", now=1.0) == []  # another address is untouched
     assert policy.pending_from("flood") == 2
     assert policy.pending_from("client") == 1
+
+
+def test_a_burst_from_one_address_is_let_in_while_it_is_young() -> None:
+    """Ten peers of one machine connecting at once arrive before any could say hello."""
+    policy: HandshakeAdmission[int] = HandshakeAdmission(
+        max_pending=100, max_per_address=2, grace_s=0.5
+    )
+    assert [policy.admit(i, "127.0.0.1", now=0.01 * i) for i in range(10)] == [[]] * 10
+    assert policy.admit(10, "127.0.0.1", now=0.6) == [0]  # the oldest has had its chance
 
 
 def test_a_finished_handshake_frees_its_place() -> None:
@@ -57,7 +66,7 @@ def test_a_flood_never_pushes_out_a_client_younger_than_the_budget() -> None:
         if i % 40 == 0:
             arrivals.append((f"client-{i}", "10.9.9.9"))
         for conn, address in arrivals:
-            for victim in policy.admit(conn, address):
+            for victim in policy.admit(conn, address, now=i / 400):
                 shed_when[victim] = i
     clients = [c for c in shed_when if c.startswith("client-")]
     assert all(shed_when[c] - int(c.split("-")[1]) >= 8 for c in clients)
