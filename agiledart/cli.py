@@ -14,7 +14,6 @@ import gc
 import json
 import logging
 import os
-import secrets
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -306,10 +305,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "keygen",
         help="make a cluster key",
-        description="Write a new random cluster key (mode 0600).",
+        description="Write a new random 256-bit cluster key (mode 0600), or take an "
+        "existing key file one step through a rotation: `add` a new key that is accepted "
+        "but does not seal yet, `promote` it to seal (the old one still accepted), "
+        "`retire` the old one. Copy the file to every peer after each step.",
     )
-    p.add_argument("--out", required=True, type=Path, help="file to create")
+    p.add_argument("--out", required=True, type=Path, help="the key file")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.add_argument(
+        "--rotate",
+        choices=("add", "promote", "retire"),
+        help="change the existing key file one rotation step",
+    )
     p.set_defaults(func=_cmd_keygen)
 
     for module, names in _ELSEWHERE.items():
@@ -401,14 +408,23 @@ def _key(args: argparse.Namespace) -> Any:
 
 def _cmd_keygen(args: argparse.Namespace) -> int:
     from agiledart.overlay.errors import ConfigError
+    from agiledart.overlay.files import atomic_write
+    from agiledart.overlay.keys import key_file_text, make_key_text, rotate
 
     path: Path = args.out
+    if args.rotate:
+        try:
+            text, done = rotate(path.read_text(), args.rotate)
+        except OSError as exc:
+            msg = f"cannot read cluster key file {path}: {exc.strerror}"
+            raise ConfigError(msg) from exc
+        atomic_write(path, text.encode(), mode=0o600)
+        print(f"{path}: {done}; copy it to every peer and restart them one by one")
+        return 0
     if path.exists() and not args.force:
-        msg = f"{path} exists; pass --force to overwrite it"
+        msg = f"{path} exists; pass --force to overwrite it (or --rotate to rotate it)"
         raise ConfigError(msg)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(secrets.token_hex(32) + "\n")
+    atomic_write(path, key_file_text([make_key_text()]).encode(), mode=0o600)
     print(f"wrote a new cluster key to {path}; give every peer --cluster-key-file {path}")
     return 0
 

@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -48,6 +47,7 @@ from agiledart.app.spec import AppSpec
 from agiledart.errors import AgiledartError
 from agiledart.overlay.auth import ClusterKey
 from agiledart.overlay.errors import OverlayError
+from agiledart.overlay.keys import key_file_text, make_key_text
 from agiledart.overlay.tcp import FrameClient
 
 __all__ = ["LocalCluster", "Progress", "add_parser", "progress_view", "summarize", "summary_text"]
@@ -151,7 +151,7 @@ class LocalCluster:
             msg = "--peers must be between 1 and 250"
             raise AgiledartError(msg)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        self.key_material = secrets.token_hex(32)
+        self.key_material = key_file_text([make_key_text()])
         self.key = ClusterKey.from_material(self.key_material)
 
     def address(self, i: int) -> tuple[str, int]:

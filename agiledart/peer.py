@@ -29,7 +29,7 @@ from agiledart.overlay.auth import ClusterKey
 from agiledart.overlay.config import OverlayConfig
 from agiledart.overlay.errors import ConfigError
 from agiledart.overlay.node import Delivery, OverlayNode
-from agiledart.overlay.tcp import ConnectionInfo, FrameServer
+from agiledart.overlay.tcp import ConnectionInfo, FrameServer, key_differs_at
 from agiledart.runtime.central import CentralMaster
 from agiledart.runtime.confine import DataPolicy
 from agiledart.runtime.epochs import CHECKPOINT_RATE
@@ -268,7 +268,13 @@ class Peer:
                 self._joined.set()
                 self._trace_joined()
                 return
-            log.warning("no bootstrap peer answered; retrying in %.1f s", delay)
+            why = ""
+            for host, port in addresses:  # a wrong key looks like silence over UDP
+                differs = await key_differs_at(host, port, key=self.key, name=self.name)
+                if differs is not None:
+                    why = f" ({differs})"
+                    break
+            log.warning("no bootstrap peer answered%s; retrying in %.1f s", why, delay)
             try:
                 async with asyncio.timeout(delay):
                     await self._stopped.wait()

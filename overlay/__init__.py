@@ -13,7 +13,9 @@ from .envelope import Hop, RouteResult
 from .errors import (
     AuthError,
     BadMessage,
+    ClockSkewError,
     ConfigError,
+    KeyMismatch,
     MalformedError,
     OverlayError,
     OversizeError,
@@ -27,10 +29,12 @@ from .node import Delivery, OverlayNode
 __all__ = [
     "AuthError",
     "BadMessage",
+    "ClockSkewError",
     "ClusterKey",
     "ConfigError",
     "Delivery",
     "Hop",
+    "KeyMismatch",
     "MalformedError",
     "Membership",
     "MembershipEvent",

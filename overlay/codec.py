@@ -22,19 +22,24 @@ __all__ = ["Request", "Response", "decode_rpc", "encode_request", "encode_respon
 
 
 def unpack(data: bytes, *, max_len: int) -> Any:
-    """Decode one msgpack value from ``data``, refusing anything above ``max_len``."""
-    if len(data) > max_len:
-        msg = f"message of {len(data)} bytes exceeds the {max_len}-byte limit"
+    """Decode one msgpack value from ``data``, refusing anything above ``max_len``.
+
+    Every length msgpack may announce is bounded by the size of ``data`` itself (each
+    element takes at least a byte), so a few bytes announcing a billion-element array
+    are refused before anything is allocated for them."""
+    size = len(data)
+    if size > max_len:
+        msg = f"message of {size} bytes exceeds the {max_len}-byte limit"
         raise OversizeError(msg)
     try:
         return msgpack.unpackb(
             data,
             raw=False,
             strict_map_key=True,
-            max_str_len=max_len,
-            max_bin_len=max_len,
-            max_array_len=max_len,
-            max_map_len=max_len // 2,
+            max_str_len=size,
+            max_bin_len=size,
+            max_array_len=size,
+            max_map_len=size // 2,
             max_ext_len=0,
         )
     except Exception as exc:  # msgpack raises a zoo of types on garbage

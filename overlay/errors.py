@@ -11,7 +11,9 @@
         ├── FrameStateError        a frame connection used out of order (frames.py)
         └── BadMessage             remote misbehaviour: what a peer sent us is unusable
             ├── AuthError          missing or wrong HMAC, or a failed session handshake
-            ├── ReplayError        a datagram we have already accepted, or one too old
+            │   └── KeyMismatch    sealed under a cluster key that differs from ours
+            ├── ReplayError        a datagram already accepted, too old, or for another peer
+            ├── ClockSkewError     a timestamp outside the window: a clock is wrong
             ├── OversizeError      above the hard size limit of its decoder
             └── MalformedError     undecodable, or decodable but of the wrong shape
 
@@ -50,8 +52,33 @@ class AuthError(BadMessage):
     reason = "auth"
 
 
+KEY_DIFFERS = (
+    "the cluster key differs from this peer's: check --cluster-key-file / AGILEDART_CLUSTER_KEY"
+)
+
+
+class KeyMismatch(AuthError):
+    """A message under a key that is not one of ours (by its key id): a configuration
+    mistake on one side, said in words that name the fix."""
+
+    reason = "key"
+
+    def __init__(self, message: str = KEY_DIFFERS) -> None:
+        super().__init__(message)
+
+
 class ReplayError(BadMessage):
     reason = "replay"
+
+
+class ClockSkewError(BadMessage):
+    """A timestamp too far from our clock; ``skew_s`` is how far (positive: ahead)."""
+
+    reason = "clock"
+
+    def __init__(self, message: str, *, skew_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.skew_s = skew_s
 
 
 class OversizeError(BadMessage):

@@ -11,12 +11,15 @@ Every unit on the wire is ``u32 length (big-endian) | payload``, the length coun
 payload only. A session starts with three handshake frames (payload at most
 ``MAX_HANDSHAKE`` bytes), then carries data frames in both directions::
 
-    1 client HELLO   len | msgpack ["agiledart/frames", VERSION, nonce_c (32), client_name]
+    1 client HELLO   len | msgpack ["agiledart/frames", VERSION, nonce_c (32), client_name,
+                                    key_id (4)]
     2 server HELLO   len | core = msgpack [VERSION, nonce_s (32), server_name] | proof_s (32)
     3 client PROOF   len | proof_c (32)
     n data frame     len | body = msgpack {"t": type, "id": int | None, ...} | tag (16)
 
-with ``K = cluster_key.derive(b"agiledart/frames/v1")`` and the transcript hash
+with ``K`` the frames sub-key (HKDF, ``keys.py``) of the cluster key whose id the client
+named (the server accepts its current and, during a rotation, its previous key), and
+the transcript hash
 ``th = SHA256(u32 len(hello_c) | hello_c | u32 len(core) | core)``::
 
     proof_s = HMAC-SHA256(K, "server proof\\0" | th)     client checks it: server holds K
@@ -36,6 +39,12 @@ other direction; and a recorded handshake replayed to a server fails ``proof_c``
 because the server's nonce is new. Distinct labels keep a proof from serving as the
 other side's proof or as a key. Tags are checked before msgpack sees a byte, so only a
 holder of the cluster key can make a peer decode anything but a handshake.
+
+A client naming a key id the server does not hold gets, instead of the server HELLO,
+the refusal ``msgpack [VERSION, "key-differs"]`` and a close; both ends then raise
+:class:`KeyMismatch`, whose message says to check the key. The refusal carries
+nothing derived from the server's key, so it gives a keyless client nothing to test
+guesses against (and keys of full strength leave nothing to guess).
 
 Not covered: confidentiality (frames are signed, not encrypted); a peer name is what a
 holder of the cluster key claims; cutting a connection between two frames looks like
@@ -71,11 +80,18 @@ from typing import Any, Final, cast
 
 import msgpack
 
-from .auth import ClusterKey
 from .codec import pack, unpack
-from .errors import AuthError, BadMessage, MalformedError, OverlayError, OversizeError
+from .errors import (
+    AuthError,
+    BadMessage,
+    KeyMismatch,
+    MalformedError,
+    OverlayError,
+    OversizeError,
+)
+from .keys import KEY_ID_BYTES, ClusterKey
 
-VERSION: Final = 1
+VERSION: Final = 2
 MAGIC: Final = "agiledart/frames"
 HEADER: Final = 4
 TAG: Final = 16
@@ -85,6 +101,8 @@ MAX_HANDSHAKE: Final = 512
 MAX_NAME: Final = 64
 MAX_TYPE: Final = 64
 DEFAULT_MAX_FRAME: Final = 16 * 1024 * 1024
+KEY_DIFFERS: Final = "key-differs"
+PURPOSE: Final = b"agiledart/frames/v2"
 MAX_ID: Final = 2**63 - 1
 REPLY: Final = "reply"
 
@@ -373,7 +391,8 @@ class FrameConnection:
         self.peer_name: str | None = None
         self.state = _INITIAL[role]
         self.frames_in = self.frames_out = self.bytes_in = self.bytes_out = 0
-        self._key = key.derive(b"agiledart/frames/v1")
+        self._cluster_key = key
+        self._key = key.derive(PURPOSE)
         self._nonce = (rng or random.SystemRandom()).randbytes(NONCE)
         self._buf = _ReceiveBuffer()
         self._eof = False
@@ -385,7 +404,7 @@ class FrameConnection:
         self._recv_mac: _FrameMac | None = None
         self._packer = msgpack.Packer(use_bin_type=True)
         if role is Role.CLIENT:
-            self._hello_c = pack([MAGIC, VERSION, self._nonce, name])
+            self._hello_c = pack([MAGIC, VERSION, self._nonce, name, key.key_id])
             self._emit(self._hello_c)
 
     # -- the h11-style surface -------------------------------------------------------
@@ -510,23 +529,35 @@ class FrameConnection:
 
     def _on_client_hello(self, payload: bytes) -> None:
         hello = unpack(payload, max_len=MAX_HANDSHAKE)
-        if not (isinstance(hello, list) and len(hello) == 4 and hello[0] == MAGIC):
+        if not (isinstance(hello, list) and 4 <= len(hello) <= 5 and hello[0] == MAGIC):
             msg = "not an agiledart frames client"
             raise AuthError(msg)
-        _, version, nonce_c, name = hello
-        if version != VERSION:
-            msg = f"unsupported frames protocol version {version!r} (we speak 1)"
+        version = hello[1]
+        if version != VERSION or len(hello) != 5:
+            msg = f"unsupported frames protocol version {version!r} (we speak {VERSION})"
             raise AuthError(msg)
+        _, _, nonce_c, name, key_id = hello
         if type(nonce_c) is not bytes or len(nonce_c) != NONCE:
             msg = "bad client nonce"
             raise MalformedError(msg)
+        if type(key_id) is not bytes or len(key_id) != KEY_ID_BYTES:
+            msg = "bad key id"
+            raise MalformedError(msg)
         self.peer_name = _check_name(name)
+        key = self._cluster_key.derive_for(key_id, PURPOSE)
+        if key is None:
+            self._emit(pack([VERSION, KEY_DIFFERS]))
+            msg = f"client {self.peer_name!r}: the cluster key differs from this peer's"
+            raise KeyMismatch(msg + ": check --cluster-key-file / AGILEDART_CLUSTER_KEY")
+        self._key = key
         core = pack([VERSION, self._nonce, self.name])
         self._th = _transcript(payload, core)
         self._emit(core + _mac(self._key, b"server proof", self._th))
 
     def _on_server_hello(self, payload: bytes) -> None:
         if len(payload) <= PROOF:
+            if unpack(payload, max_len=MAX_HANDSHAKE) == [VERSION, KEY_DIFFERS]:
+                raise KeyMismatch
             msg = "server hello too short"
             raise MalformedError(msg)
         core, proof = payload[:-PROOF], payload[-PROOF:]
@@ -536,7 +567,7 @@ class FrameConnection:
             raise MalformedError(msg)
         version, nonce_s, name = hello
         if version != VERSION:
-            msg = f"unsupported frames protocol version {version!r} (we speak 1)"
+            msg = f"unsupported frames protocol version {version!r} (we speak {VERSION})"
             raise AuthError(msg)
         if type(nonce_s) is not bytes or len(nonce_s) != NONCE:
             msg = "bad server nonce"

@@ -12,11 +12,11 @@ A peer's id is stable across restarts: it is drawn once and persisted in
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 from pathlib import Path
 
 from .errors import ConfigError
+from .files import atomic_write
 
 ID_BITS = 160
 ID_BYTES = ID_BITS // 8
@@ -86,7 +86,5 @@ def load_or_create_node_id(state_dir: Path | str) -> int:
         return value
     path.parent.mkdir(parents=True, exist_ok=True)
     value = random_id()
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(f"{value:040x}\n")
-    os.replace(tmp, path)
+    atomic_write(path, f"{value:040x}\n".encode())
     return value

@@ -32,11 +32,11 @@ from . import ids
 from .auth import ClusterKey, DatagramAuth
 from .config import OverlayConfig
 from .envelope import Envelope, Hop, RouteResult
-from .errors import BadMessage, MalformedError, ReplayError, RouteError
+from .errors import BadMessage, ClockSkewError, MalformedError, ReplayError, RouteError
 from .failure import FailureDetector, Health
 from .leafset import LeafSet, Membership, MembershipEvent
 from .lookup import Lookup
-from .protocol import Address, OverlayProtocol, check_contact
+from .protocol import Address, OverlayProtocol, Source, check_contact
 from .routing import Contact, next_hops
 from .table import Node, make_node
 
@@ -74,7 +74,7 @@ class OverlayNode:
         self.name = name
         self.config = config or OverlayConfig()
         self.rng = rng or random.Random()
-        self.auth = DatagramAuth(key, clock=clock, rng=self.rng)
+        self.auth = DatagramAuth(key, local_id=ids.to_bytes(node_id), clock=clock, rng=self.rng)
         self.capacity = capacity
         self.kad_node = make_node(node_id)
         self.protocol = OverlayProtocol(self)
@@ -166,13 +166,18 @@ class OverlayNode:
         """Drop bad input: count it, log it at a bounded rate."""
         self.stats[f"rejected_{exc.reason}"] += 1
         if isinstance(exc, ReplayError):  # networks duplicate datagrams: not worth a warning
-            log.debug("dropped a replayed datagram from %s", addr)
+            log.debug("dropped a replayed datagram from %s: %s", addr, exc)
             return
         now = time.monotonic()
         if now - self._last_log.get(exc.reason, -1e9) >= self.config.log_interval_s:
             self._last_log[exc.reason] = now
             total = self.stats[f"rejected_{exc.reason}"]
-            log.warning("dropped %s input from %s: %s (%d so far)", exc.reason, addr, exc, total)
+            if isinstance(exc, ClockSkewError):
+                log.warning("dropped datagrams from %s: %s (%d so far)", addr, exc, total)
+            else:
+                log.warning(
+                    "dropped %s input from %s: %s (%d so far)", exc.reason, addr, exc, total
+                )
 
     # -- membership -----------------------------------------------------------------------
 
@@ -196,12 +201,22 @@ class OverlayNode:
     def self_info(self) -> list[Any]:
         return [ids.to_bytes(self.node_id), self.capacity(), self.name]
 
-    def heard_from(self, raw_id: bytes, addr: Address, name: object) -> Contact | None:
-        """An authenticated request came from this peer: it is alive and reachable."""
+    def heard_from(self, raw_id: bytes, source: Source, name: object) -> Contact | None:
+        """An authenticated, fresh request came from this peer: it is alive, and if the
+        datagram vouches for its address (sealed for us, from the port the sender
+        listens on) it is reachable there. A datagram that does not vouch (replayed to
+        us from elsewhere, or a request to anyone) never adds or moves a contact."""
         nid = ids.from_bytes(raw_id)
         if nid == self.node_id:
             return None
-        contact = self._welcome(nid, addr[0], addr[1], name if isinstance(name, str) else None)
+        if not source.vouched:
+            self.count("unvouched_requests")
+            contact = self.contacts.get(nid)
+            if contact is not None and contact.address == source.address:
+                self.detector.on_ack(nid)
+            return contact
+        host, port = source.address
+        contact = self._welcome(nid, host, port, name if isinstance(name, str) else None)
         self.detector.on_ack(nid)
         return contact
 
@@ -260,7 +275,7 @@ class OverlayNode:
 
     async def _verify(self, addr: Address, nid: int) -> None:
         try:
-            if await self.ping(addr) != nid:
+            if await self.ping(addr, nid) != nid:
                 self.note_failure(nid)
         finally:
             self._verifying.discard(nid)
@@ -346,10 +361,13 @@ class OverlayNode:
 
     # -- joining and upkeep ---------------------------------------------------------------
 
-    async def ping(self, addr: Address) -> int | None:
-        """Ping an address; the peer's id if it answered."""
+    async def ping(self, addr: Address, nid: int | None = None) -> int | None:
+        """Ping an address (sealed for ``nid`` when we know who listens there, else
+        for anyone); the peer's id if it answered."""
         t0 = asyncio.get_running_loop().time()
-        ok, res = await self.protocol.call(addr, "ping", ids.to_bytes(self.node_id), self.name)
+        ok, res = await self.protocol.call(
+            addr, "ping", ids.to_bytes(self.node_id), self.name, to=nid
+        )
         if not ok:
             return None
         try:
@@ -433,6 +451,7 @@ class OverlayNode:
             exchange,
             self.name,
             timeout=min(self.config.rpc_timeout_s, self.config.heartbeat_interval_s),
+            to=contact.node_id,
         )
         nid = contact.node_id
         if not ok:
@@ -480,12 +499,14 @@ class OverlayNode:
                 if now - since < self.config.graveyard_ttl_s:
                     break
                 self._graveyard.popitem(last=False)
-            graves = [c.address for c, _ in self._graveyard.values()]
-            picks = self.rng.sample(graves, min(len(graves), self.config.graveyard_probes))
+            graves = [(c.address, c.node_id) for c, _ in self._graveyard.values()]
+            picks: list[tuple[Address, int | None]] = self.rng.sample(
+                graves, min(len(graves), self.config.graveyard_probes)
+            )
             if not self.contacts:
-                picks += self._bootstrap
-            for addr in picks:
-                self.spawn(self.ping(addr))
+                picks += [(addr, None) for addr in self._bootstrap]
+            for addr, nid in picks:
+                self.spawn(self.ping(addr, nid))
 
     # -- routing --------------------------------------------------------------------------
 
@@ -555,7 +576,7 @@ class OverlayNode:
             misses[nxt.node_id] += 1
             if misses[nxt.node_id] >= 2:
                 given_up.add(nxt.node_id)
-            if nxt.rtt_ms is None and await self.ping(nxt.address) != nxt.node_id:
+            if nxt.rtt_ms is None and await self.ping(nxt.address, nxt.node_id) != nxt.node_id:
                 # never measured: a ping first, so the path records a real RTT
                 self.count("route_hop_failures")
                 self.note_failure(nxt.node_id)
@@ -568,6 +589,7 @@ class OverlayNode:
                 env.wire(),
                 nxt.rtt_ms,
                 timeout=self.config.route_hop_timeout_s,
+                to=nxt.node_id,
             )
             if ok:
                 self.count("routes_forwarded")
@@ -620,6 +642,7 @@ class OverlayNode:
                 "route_done",
                 ids.to_bytes(self.node_id),
                 report,
+                to=env.origin.node_id,
             )
             if ok:
                 return

@@ -14,15 +14,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kademlia.protocol import KademliaProtocol
 
 from . import codec
-from .auth import MAX_DATAGRAM
+from .auth import ANYONE, MAX_DATAGRAM
 from .envelope import Envelope
 from .errors import BadMessage, MalformedError
-from .ids import ID_BYTES
+from .ids import ID_BYTES, to_bytes
 from .table import Node, OverlayRoutingTable
 from .timers import wheel_for
 
@@ -35,7 +35,21 @@ RPCS = frozenset({"ping", "find_node", "heartbeat", "route", "route_done"})
 Address = tuple[str, int]
 Reply = tuple[bool, Any]
 
-__all__ = ["RPCS", "OverlayProtocol", "check_contact", "check_id"]
+__all__ = ["RPCS", "OverlayProtocol", "Source", "check_contact", "check_id"]
+
+
+class Source(NamedTuple):  # a tuple: one per request, made fast
+    """Where an authentic request came from, and what it says of itself."""
+
+    address: Address  #: the UDP source address (not authenticated)
+    to_us: bool  #: sealed for this peer's id, not for anyone
+    port: int  #: the port the sender says (under the MAC) it listens on
+
+    @property
+    def vouched(self) -> bool:
+        """Sealed for us and sent from the port its sender listens on: a datagram
+        replayed to another peer, or from another address, is neither."""
+        return self.to_us and self.port == self.address[1]
 
 
 def check_id(raw: object) -> bytes:
@@ -97,15 +111,16 @@ class OverlayProtocol(KademliaProtocol):  # type: ignore[misc]
     def datagram_received(self, data: bytes, addr: Address) -> None:
         owner = self.owner
         try:
-            msg = codec.decode_rpc(owner.auth.open(data), max_len=MAX_DATAGRAM)
+            opened = owner.auth.open(data)
+            msg = codec.decode_rpc(opened.payload, max_len=MAX_DATAGRAM)
         except BadMessage as exc:
             owner.reject(exc, addr)
             return
         if isinstance(msg, codec.Request):
-            self._serve(msg, addr)
+            self._serve(msg, Source(addr, opened.to_us, opened.port))
             return
         pending = self._outstanding.get(msg.msg_id)
-        if pending is None or pending[1] != addr:
+        if pending is None or pending[1] != addr or not opened.to_us:
             owner.count("unexpected_responses")
             return
         del self._outstanding[msg.msg_id]
@@ -113,33 +128,42 @@ class OverlayProtocol(KademliaProtocol):  # type: ignore[misc]
         if not fut.done():
             fut.set_result((True, msg.result))
 
-    def _serve(self, req: codec.Request, addr: Address) -> None:
+    def _serve(self, req: codec.Request, source: Source) -> None:
         """Every handler is synchronous (work that waits is spawned by the node), so a
-        request costs no task of its own."""
+        request costs no task of its own. The reply is sealed for the requester's id
+        (every request's first argument)."""
+        addr = source.address
         if req.name not in RPCS:
             self.owner.reject(MalformedError(f"no RPC named {req.name[:32]!r}"), addr)
             return
         handler: Callable[..., Any] = getattr(self, f"rpc_{req.name}")
         try:
-            result = handler(addr, *req.args)
+            result = handler(source, *req.args)
+            requester = check_id(req.args[0])
         except BadMessage as exc:
             self.owner.reject(exc, addr)
             return
         except TypeError:
             self.owner.reject(MalformedError(f"wrong arguments for {req.name}"), addr)
             return
-        self._send(codec.encode_response(req.msg_id, result), addr)
+        self._send(codec.encode_response(req.msg_id, result), addr, requester)
 
-    def _send(self, payload: bytes, addr: Address) -> None:
+    def _send(self, payload: bytes, addr: Address, to: bytes = ANYONE) -> None:
         if self.transport is None:
             return
         try:
-            self.transport.sendto(self.owner.auth.seal(payload), addr)
+            sealed = self.owner.auth.seal(payload, to=to, port=self.owner.address[1])
+            self.transport.sendto(sealed, addr)
         except BadMessage as exc:
             log.warning("not sending to %s: %s", addr, exc)
 
     def call(
-        self, addr: Address, name: str, *args: Any, timeout: float | None = None
+        self,
+        addr: Address,
+        name: str,
+        *args: Any,
+        timeout: float | None = None,
+        to: int | None = None,
     ) -> asyncio.Future[Reply]:
         """Send a request; the future resolves to ``(True, result)`` or ``(False, None)``."""
         loop = asyncio.get_running_loop()
@@ -151,7 +175,8 @@ class OverlayProtocol(KademliaProtocol):  # type: ignore[misc]
         wait = self._wait_timeout if timeout is None else timeout
         wheel_for(loop).call_later(wait, self._timeout, msg_id)
         self._outstanding[msg_id] = (fut, addr)
-        self._send(codec.encode_request(msg_id, name, args), addr)
+        recipient = ANYONE if to is None else to_bytes(to)
+        self._send(codec.encode_request(msg_id, name, args), addr, recipient)
         return fut
 
     def _timeout(self, msg_id: bytes) -> None:
@@ -161,8 +186,16 @@ class OverlayProtocol(KademliaProtocol):  # type: ignore[misc]
 
     # -- client side used by kademlia's crawler ----------------------------------------
 
-    async def find_node(self, address: Address, nodeid: bytes, key: bytes) -> Reply:
-        ok, result = await self.call(address, "find_node", nodeid, key, self.owner.name)
+    async def call_find_node(self, node_to_ask: Node, node_to_find: Node) -> Reply:
+        address = (node_to_ask.ip, node_to_ask.port)
+        nodeid, key = self.source_node.id, node_to_find.id
+        result = await self.find_node(address, nodeid, key, to=node_to_ask.long_id)
+        return self.handle_call_response(result, node_to_ask)
+
+    async def find_node(
+        self, address: Address, nodeid: bytes, key: bytes, *, to: int | None = None
+    ) -> Reply:
+        ok, result = await self.call(address, "find_node", nodeid, key, self.owner.name, to=to)
         if not ok:
             return (False, None)
         try:
@@ -185,19 +218,19 @@ class OverlayProtocol(KademliaProtocol):  # type: ignore[misc]
 
     # -- server side ---------------------------------------------------------------------
 
-    def rpc_ping(self, sender: Address, nodeid: object, name: object = "") -> list[Any]:
+    def rpc_ping(self, sender: Source, nodeid: object, name: object = "") -> list[Any]:
         self.owner.heard_from(check_id(nodeid), sender, name)
         return self.owner.self_info()
 
     def rpc_find_node(
-        self, sender: Address, nodeid: object, key: object, name: object = ""
+        self, sender: Source, nodeid: object, key: object, name: object = ""
     ) -> list[Any]:
         self.owner.heard_from(check_id(nodeid), sender, name)
         return self.owner.neighbours_of(check_id(key))
 
     def rpc_heartbeat(
         self,
-        sender: Address,
+        sender: Source,
         nodeid: object,
         capacity: object,
         exchange: object = True,
@@ -210,13 +243,13 @@ class OverlayProtocol(KademliaProtocol):  # type: ignore[misc]
         near = self.owner.neighbours_of(raw, k=self.owner.config.leaf_set_size) if exchange else []
         return [*self.owner.self_info(), near]
 
-    def rpc_route(self, sender: Address, nodeid: object, env: object, rtt: object) -> list[Any]:
+    def rpc_route(self, sender: Source, nodeid: object, env: object, rtt: object) -> list[Any]:
         raw = check_id(nodeid)
         envelope = Envelope.from_wire(env)  # validated before anything is acted upon
         self.owner.heard_from(raw, sender, None)
         return self.owner.accept_route(envelope, rtt)
 
-    def rpc_route_done(self, sender: Address, nodeid: object, report: object) -> bool:
+    def rpc_route_done(self, sender: Source, nodeid: object, report: object) -> bool:
         raw = check_id(nodeid)
         self.owner.route_done(report)
         self.owner.heard_from(raw, sender, None)

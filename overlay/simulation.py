@@ -32,7 +32,7 @@ from .routing import Contact
 
 __all__ = ["RouteOutcome", "SimulatedRing"]
 
-KEY = ClusterKey.from_material("simulation-cluster-key-0123456789")
+KEY = ClusterKey.generate(random.Random("simulation-cluster-key-0123456789"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,12 @@ handlers.
   the connection stops reading, so TCP pushes back on the sender). A connection task
   never raises: bad input is counted by reason, logged at a bounded rate, and closes
   that connection only.
+* Admission: a connection still in the handshake counts against a small budget of
+  its own (``max_handshakes``, ``max_handshakes_per_address``), apart from proven
+  sessions (``max_connections``); when that budget is full the oldest pending
+  connection is shed, never the newcomer (``admission.py``), and one that has not
+  proven the key within ``handshake_timeout_s`` is closed. A keyless flood of idle
+  sockets therefore competes only with itself.
 * Handler errors: an :class:`~agiledart.errors.AgiledartError` becomes the reply
   ``{"ok": False, "error": {"type": class name, "message": str(exc)}}``; anything else
   is logged with its traceback and answered as ``InternalError``. The connection lives
@@ -42,8 +48,16 @@ from typing import Any, Self, cast
 
 from agiledart.errors import AgiledartError
 
+from .admission import HandshakeAdmission
 from .auth import ClusterKey
-from .errors import BadMessage, ConfigError, OverlayError, OversizeError, PeerUnreachable
+from .errors import (
+    BadMessage,
+    ConfigError,
+    KeyMismatch,
+    OverlayError,
+    OversizeError,
+    PeerUnreachable,
+)
 from .frames import (
     DEFAULT_MAX_FRAME,
     NEED_DATA,
@@ -91,8 +105,10 @@ class RemoteError(OverlayError):
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FrameLimits:
     max_frame: int = DEFAULT_MAX_FRAME  #: largest frame body accepted or sent, bytes
-    max_connections: int = 1024  #: server: connections open at once, handshakes included
-    handshake_timeout_s: float = 5.0  #: server: a connection must prove the key by then
+    max_connections: int = 1024  #: server: proven sessions open at once
+    max_handshakes: int = 256  #: server: connections still in the handshake (oldest shed)
+    max_handshakes_per_address: int = 8  #: server: of those, from one source address
+    handshake_timeout_s: float = 3.0  #: server: a connection must prove the key by then
     max_concurrent_requests: int = 64  #: request handlers in flight per connection
     read_chunk: int = 256 * 1024  #: reading pauses while this much waits to be parsed
     coalesce_bytes: int = 64 * 1024  #: queued frames are written at once beyond this
@@ -100,7 +116,13 @@ class FrameLimits:
     log_interval_s: float = 10.0  #: at most one log line per kind of rejection per interval
 
     def __post_init__(self) -> None:
-        sizes = (self.max_frame, self.max_connections, self.max_concurrent_requests)
+        sizes = (
+            self.max_frame,
+            self.max_connections,
+            self.max_handshakes,
+            self.max_handshakes_per_address,
+            self.max_concurrent_requests,
+        )
         if min(sizes) < 1 or min(self.read_chunk, self.coalesce_bytes) < 1:
             msg = "frame limits must be positive"
             raise ValueError(msg)
@@ -310,13 +332,19 @@ class _Stream(asyncio.Protocol):
             raise ConnectionResetError(msg)
 
 
-async def _handshake(conn: FrameConnection, stream: _Stream) -> str:
+async def _handshake(
+    conn: FrameConnection, stream: _Stream, on_data: Callable[[], None] | None = None
+) -> str:
     while True:
-        event = conn.next_event()
-        if out := conn.data_to_send():
-            stream.transport.write(out)
+        try:
+            event = conn.next_event()
+        finally:  # a refusal goes out even when the handshake fails
+            if out := conn.data_to_send():
+                stream.transport.write(out)
         if event is NEED_DATA:
             chunks = await stream.receive()
+            if on_data is not None and chunks:
+                on_data()
             for chunk in chunks:
                 conn.receive_data(chunk)
             if not chunks:
@@ -566,6 +594,12 @@ class FrameServer:
         self._server: asyncio.Server | None = None
         self._serve_task: asyncio.Task[None] | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._clock = clock
+        self._admission: HandshakeAdmission[_Stream] = HandshakeAdmission(
+            max_pending=self.limits.max_handshakes,
+            max_per_address=self.limits.max_handshakes_per_address,
+        )
+        self._sessions = 0
         self._next_id = 0
         self._closing = False
         self.address: tuple[str, int] | None = None
@@ -631,17 +665,17 @@ class FrameServer:
         if self._closing or self._group is None:
             stream.transport.abort()
             return
-        if len(self._connections) >= self.limits.max_connections:
-            limit = self.limits.max_connections
-            self._stats.reject("over_capacity", f"{limit} connections open", stream.address)
-            stream.transport.abort()
-            return
+        for victim in self._admission.admit(stream, stream.address[0], self._clock()):
+            # the newcomer is never refused: the oldest unproven connection makes room
+            self._stats.events["shed_handshakes"] += 1
+            victim.transport.abort()
         self._next_id += 1
         serve = self._connection(stream, self._next_id)
         try:
             task = self._group.create_task(serve, name=f"frames-connection {self._next_id}")
         except RuntimeError:  # the group is shutting down
             serve.close()
+            self._admission.done(stream)
             stream.transport.abort()
             return
         self._connections.add(task)
@@ -657,14 +691,23 @@ class FrameServer:
             rng=self._rng,
         )
         stats.live.add(conn)
+        session = refused = False
         try:
             try:
                 async with asyncio.timeout(limits.handshake_timeout_s):
-                    await _handshake(conn, stream)
+                    await _handshake(conn, stream, lambda: self._admission.heard(stream))
             except TimeoutError:
                 detail = f"no handshake within {limits.handshake_timeout_s} s"
                 stats.reject("handshake_timeout", detail, address)
                 return
+            finally:
+                self._admission.done(stream)
+            if self._sessions >= limits.max_connections:
+                detail = f"{limits.max_connections} sessions open"
+                stats.reject("over_capacity", detail, address)
+                return
+            self._sessions += 1
+            session = True
             stats.sessions += 1
             handlers = self._handlers
             channel = _Channel(
@@ -674,6 +717,7 @@ class FrameServer:
         except _Aborted:
             stats.events["aborted_handshakes"] += 1
         except BadMessage as exc:
+            refused = isinstance(exc, KeyMismatch)  # the refusal must reach the client
             stats.reject(exc.reason, exc, address)
         except OSError:
             stats.events["connection_errors"] += 1
@@ -681,8 +725,10 @@ class FrameServer:
             stats.events["internal_errors"] += 1
             log.exception("frame connection %d from %s failed", conn_id, address)
         finally:
+            if session:
+                self._sessions -= 1
             stats.retire(conn)
-            if conn.state is State.BROKEN:
+            if conn.state is State.BROKEN and not refused:
                 stream.transport.abort()
             else:
                 stream.transport.close()
@@ -748,6 +794,9 @@ class FrameClient:
             if isinstance(exc, OSError):
                 msg = f"cannot connect to {host}:{port}: {exc.strerror or exc}"
                 raise PeerUnreachable(msg) from None
+            if isinstance(exc, KeyMismatch):
+                msg = f"{host}:{port}: {exc}"
+                raise KeyMismatch(msg) from None
             raise
         stats.live.add(conn)
         stats.sessions += 1
@@ -818,3 +867,19 @@ class FrameClient:
             log.exception("frame client connection to %s failed", channel.info)
         finally:
             stats.retire(channel.conn)
+
+
+async def key_differs_at(
+    host: str, port: int, *, key: ClusterKey, name: str, timeout: float = 3.0
+) -> KeyMismatch | None:
+    """Whether the peer at ``host:port`` says our cluster key differs from its own (a
+    handshake, nothing more): how a peer whose datagrams go unanswered tells a wrong
+    key from a peer that is down."""
+    try:
+        client = await FrameClient.connect(host, port, key=key, name=name, timeout=timeout)
+    except KeyMismatch as exc:
+        return exc
+    except OverlayError:
+        return None
+    await client.aclose()
+    return None

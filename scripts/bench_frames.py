@@ -21,6 +21,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import random
 import struct
 import sys
 import time
@@ -32,7 +33,7 @@ from agiledart.overlay.tcp import ConnectionInfo, FrameClient, FrameServer
 
 SMALL = 100
 LARGE = 64 * 1024
-KEY = ClusterKey.from_material("bench-frames-cluster-key")
+KEY = ClusterKey.generate(random.Random("bench-frames-cluster-key"))
 
 
 def _run(main: Any, loop: str) -> Any:

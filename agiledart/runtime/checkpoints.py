@@ -47,6 +47,7 @@ from typing import Any
 
 from agiledart.errors import AgiledartError
 from agiledart.overlay.errors import MalformedError, OverlayError
+from agiledart.overlay.files import fsync_dir
 from agiledart.overlay.tcp import ConnectionInfo
 from agiledart.recovery import Fragment, FragmentError, NotEnoughFragments, decode, encode
 from agiledart.runtime.links import Address, Links
@@ -373,6 +374,7 @@ def _write_file(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(path)
+    fsync_dir(path.parent)  # the rename itself survives a power cut
 
 
 def _remove(paths: Sequence[Path], folders: set[Path]) -> None:

@@ -44,6 +44,7 @@ from typing import Any
 import msgpack
 
 from agiledart.app.functions import BUILTIN_PREFIX, Resolver, builtin_resolver
+from agiledart.overlay.files import atomic_write
 from agiledart.runtime.errors import CodeError
 from agiledart.runtime.records import Records, record_key
 
@@ -396,9 +397,7 @@ class CodeStore:
         path = self.cache_dir / f"{code_id}.bundle"
         if not path.exists():
             self.cache_dir.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(msgpack.packb([kind, name, content], use_bin_type=True))
-            tmp.replace(path)
+            atomic_write(path, msgpack.packb([kind, name, content], use_bin_type=True))
 
 
 def _defined_in(value: Any, module: Any) -> bool:

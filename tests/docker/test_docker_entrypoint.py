@@ -16,6 +16,7 @@ import pytest
 
 from agiledart.overlay.auth import ClusterKey, load_cluster_key
 from agiledart.overlay.errors import ConfigError
+from agiledart.overlay.keys import make_key_text
 
 
 def ptr_answer(query: bytes, name: str) -> bytes:
@@ -119,13 +120,13 @@ def test_the_peer_command_comes_from_the_environment_without_itself_as_bootstrap
 
 def test_a_key_file_named_by_the_environment_is_read(tmp_path: Path) -> None:
     key = tmp_path / "cluster_key"
-    key.write_text("a-long-enough-cluster-key-0123456789\n")
-    env = {"AGILEDART_CLUSTER_KEY_FILE": str(key), "AGILEDART_CLUSTER_KEY": "other-key-0123456789"}
+    key.write_text(make_key_text() + "\n")
+    env = {"AGILEDART_CLUSTER_KEY_FILE": str(key), "AGILEDART_CLUSTER_KEY": make_key_text()}
     got = load_cluster_key(None, insecure=False, environ=env)
     assert got == ClusterKey.from_material(key.read_bytes())
     # --cluster-key-file still wins; a missing file is an error that names it
     other = tmp_path / "other"
-    other.write_text("yet-another-cluster-key-0123456789")
+    other.write_text(make_key_text())
     assert load_cluster_key(other, insecure=False, environ=env) == ClusterKey.from_material(
         other.read_bytes()
     )

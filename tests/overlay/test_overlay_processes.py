@@ -14,6 +14,7 @@ import pytest
 from support.processes import cli, cli_json, free_port, poll, try_cli_json
 
 from agiledart.emulate import LocalCluster
+from agiledart.overlay.keys import make_key_text
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
@@ -126,7 +127,7 @@ def test_a_peer_without_a_key_refuses_to_start_and_says_how_to_make_one(
 def test_bootstrap_by_host_name_and_a_stable_id_across_restarts(tmp_path: Path) -> None:
     port = free_port()
     key = tmp_path / "cluster.key"
-    key.write_text("a-test-cluster-key-0123456789abcdef\n")
+    key.write_text(make_key_text() + "\n")
 
     def peer(name: str, host: str, *extra: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(

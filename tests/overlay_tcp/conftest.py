@@ -16,7 +16,7 @@ from agiledart.overlay.frames import (
     Role,
 )
 
-KEY = ClusterKey.from_material("test-cluster-key-0123456789")
+KEY = ClusterKey.generate(random.Random("test-cluster-key-0123456789"))
 
 Pair = tuple[FrameConnection, FrameConnection]
 

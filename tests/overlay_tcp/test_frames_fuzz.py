@@ -31,7 +31,7 @@ from agiledart.overlay.frames import (
     request_message,
 )
 
-KEY = ClusterKey.from_material("test-cluster-key-0123456789")
+KEY = ClusterKey.generate(random.Random("test-cluster-key-0123456789"))
 Pair = tuple[FrameConnection, FrameConnection]
 PairFactory = Callable[..., Pair]
 FIXTURE_OK = settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])

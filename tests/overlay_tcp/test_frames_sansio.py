@@ -15,7 +15,7 @@ import pytest
 from agiledart.overlay import frames
 from agiledart.overlay.auth import ClusterKey
 from agiledart.overlay.codec import pack, unpack
-from agiledart.overlay.errors import AuthError, MalformedError, OversizeError
+from agiledart.overlay.errors import AuthError, KeyMismatch, MalformedError, OversizeError
 from agiledart.overlay.frames import (
     MAX_HANDSHAKE,
     NEED_DATA,
@@ -36,9 +36,10 @@ from agiledart.overlay.frames import (
     one_way_message,
     request_message,
 )
+from agiledart.overlay.keys import make_key_text
 
-KEY = ClusterKey.from_material("test-cluster-key-0123456789")
-OTHER_KEY = ClusterKey.from_material("some-other-cluster-key-987")
+KEY = ClusterKey.generate(random.Random("test-cluster-key-0123456789"))
+OTHER_KEY = ClusterKey.generate(random.Random("some-other-cluster-key-987"))
 Pair = tuple[FrameConnection, FrameConnection]
 PairFactory = Callable[..., Pair]
 
@@ -141,12 +142,14 @@ def test_wire_format_matches_the_documented_derivation() -> None:
 
     hello_c, hello_s = hello_c_wire[4:], hello_s_wire[4:]
     assert struct.unpack(">I", hello_c_wire[:4])[0] == len(hello_c)
-    magic, version, nonce_c, name = unpack(hello_c, max_len=MAX_HANDSHAKE)
-    assert (magic, version, len(nonce_c), name) == ("agiledart/frames", 1, 32, "alice")
+    magic, version, nonce_c, name, key_id = unpack(hello_c, max_len=MAX_HANDSHAKE)
+    assert (magic, version, len(nonce_c), name) == ("agiledart/frames", 2, 32, "alice")
+    # HKDF-Expand (RFC 5869) of one block: T(1) = HMAC(PRK, info | 0x01)
+    assert key_id == hmac.new(KEY.secret, b"agiledart key id\x01", hashlib.sha256).digest()[:4]
     core, proof_s = hello_s[:-32], hello_s[-32:]
     assert unpack(core, max_len=MAX_HANDSHAKE)[2] == "bob"
 
-    k = hmac.new(KEY.secret, b"agiledart/frames/v1", hashlib.sha256).digest()
+    k = hmac.new(KEY.secret, b"agiledart/frames/v2\x01", hashlib.sha256).digest()
     framed = struct.pack(">I", len(hello_c)) + hello_c + struct.pack(">I", len(core)) + core
     th = hashlib.sha256(framed).digest()
 
@@ -166,29 +169,63 @@ def test_wire_format_matches_the_documented_derivation() -> None:
 # -- authentication ---------------------------------------------------------------------
 
 
-def test_client_rejects_a_server_with_another_key() -> None:
-    client = FrameConnection(role=Role.CLIENT, key=KEY, name="c")
-    server = FrameConnection(role=Role.SERVER, key=OTHER_KEY, name="s")
-    deliver(client.data_to_send(), server)
-    with pytest.raises(AuthError, match="server failed to prove"):
+def test_a_key_that_differs_is_named_on_both_sides_and_no_proof_is_shown() -> None:
+    client = FrameConnection(role=Role.CLIENT, key=OTHER_KEY, name="c")
+    server = FrameConnection(role=Role.SERVER, key=KEY, name="s")
+    with pytest.raises(KeyMismatch, match="client 'c': the cluster key differs"):
+        deliver(client.data_to_send(), server)
+    refusal = server.data_to_send()
+    assert len(refusal) < 4 + 32  # no server proof for a keyless client to test guesses on
+    with pytest.raises(KeyMismatch, match="cluster key differs from this peer's: check"):
+        deliver(refusal, client)
+    assert client.data_to_send() == b""
+    assert (client.state, server.state) == (State.BROKEN, State.BROKEN)
+
+
+def test_both_keys_of_a_rotation_are_accepted_and_the_first_seals() -> None:
+    old, new = make_key_text(random.Random(1)), make_key_text(random.Random(2))
+    only_old, only_new = ClusterKey.from_material(old), ClusterKey.from_material(new)
+    promoted = ClusterKey.from_material(f"{new}\n{old}\n")  # seals with new, accepts old
+    assert promoted.key_id == only_new.key_id
+    cases = [
+        (only_old, promoted, True),
+        (only_new, promoted, True),
+        (promoted, only_new, True),
+        (promoted, only_old, False),  # a peer not yet given the new key
+    ]
+    for client_key, server_key, opens in cases:
+        client = FrameConnection(role=Role.CLIENT, key=client_key, name="c")
+        server = FrameConnection(role=Role.SERVER, key=server_key, name="s")
+        if not opens:
+            with pytest.raises(KeyMismatch):
+                deliver(client.data_to_send(), server)
+            continue
+        deliver(client.data_to_send(), server)
         deliver(server.data_to_send(), client)
+        deliver(client.data_to_send(), server)
+        assert (client.state, server.state) == (State.OPEN, State.OPEN)
+
+
+def test_client_rejects_a_server_that_cannot_prove_the_key() -> None:
+    client = FrameConnection(role=Role.CLIENT, key=KEY, name="c")
+    server = FrameConnection(role=Role.SERVER, key=KEY, name="s")
+    deliver(client.data_to_send(), server)
+    forged = bytearray(server.data_to_send())
+    forged[-1] ^= 1  # a server without the key can only guess its proof
+    with pytest.raises(AuthError, match="server failed to prove"):
+        deliver(bytes(forged), client)
     assert client.state is State.BROKEN
     assert client.data_to_send() == b""  # no proof is ever sent to an impostor
     with pytest.raises(FrameStateError):
         client.next_event()
 
 
-def test_server_rejects_a_client_with_another_key() -> None:
-    client = FrameConnection(role=Role.CLIENT, key=OTHER_KEY, name="c")
+def test_server_rejects_a_client_that_names_the_key_but_cannot_prove_it() -> None:
+    client = FrameConnection(role=Role.CLIENT, key=KEY, name="c")  # the key id is public
     server = FrameConnection(role=Role.SERVER, key=KEY, name="s")
-    hello_c = client.data_to_send()
-    deliver(hello_c, server)
-    core = server.data_to_send()[4:-32]
-    # the best a client without the key can do: a proof under its own key
-    wrong_k = OTHER_KEY.derive(b"agiledart/frames/v1")
-    forged = frames._mac(wrong_k, b"client proof", frames._transcript(hello_c[4:], core))
+    deliver(client.data_to_send(), server)
     with pytest.raises(AuthError, match="client failed to prove"):
-        deliver(struct.pack(">I", 32) + forged, server)
+        deliver(struct.pack(">I", 32) + random.Random(3).randbytes(32), server)
     assert server.state is State.BROKEN
 
 

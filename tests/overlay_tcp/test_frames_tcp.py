@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 
 from agiledart.overlay.auth import ClusterKey
-from agiledart.overlay.errors import AuthError, ConfigError, MalformedError, PeerUnreachable
+from agiledart.overlay.errors import (
+    AuthError,
+    ConfigError,
+    KeyMismatch,
+    MalformedError,
+    PeerUnreachable,
+)
 from agiledart.overlay.frames import FrameConnection, Role
 from agiledart.overlay.tcp import (
     ConnectionInfo,
@@ -22,8 +28,8 @@ from agiledart.overlay.tcp import (
     RemoteError,
 )
 
-KEY = ClusterKey.from_material("test-cluster-key-0123456789")
-OTHER_KEY = ClusterKey.from_material("some-other-cluster-key-987")
+KEY = ClusterKey.generate(random.Random("test-cluster-key-0123456789"))
+OTHER_KEY = ClusterKey.generate(random.Random("some-other-cluster-key-987"))
 
 
 @contextlib.asynccontextmanager
@@ -205,23 +211,17 @@ async def test_connect_failures_are_peer_unreachable() -> None:
             )
 
 
-async def test_wrong_key_is_refused_on_both_sides() -> None:
+async def test_wrong_key_is_refused_on_both_sides_with_words_that_name_the_fix(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     server = FrameServer(key=KEY, name="bob")
     server.route("echo", echo)
     async with serving(server) as (host, port):
-        with pytest.raises(AuthError, match="server failed to prove"):
+        fix = "the cluster key differs from this peer's: check --cluster-key-file"
+        with pytest.raises(KeyMismatch, match=f"{host}:{port}: {fix}"):
             await FrameClient.connect(host, port, key=OTHER_KEY, name="mallory", timeout=5)
-        # a client that ignores the server's failed proof and answers anyway
-        reader, writer = await asyncio.open_connection(host, port)
-        conn = FrameConnection(role=Role.CLIENT, key=OTHER_KEY, name="mallory")
-        writer.write(conn.data_to_send())
-        head = await reader.readexactly(4)
-        await reader.readexactly(int.from_bytes(head, "big"))  # the server hello
-        writer.write(b"\x00\x00\x00\x20" + bytes(32))
-        assert await reader.read() == b""  # the server hangs up
-        writer.close()
-        await writer.wait_closed()
-        await until(lambda: server.statistics().rejected.get("auth") == 1, "rejected")
+        await until(lambda: server.statistics().rejected.get("key") == 1, "rejected")
+        assert any(f"client 'mallory': {fix}" in r.getMessage() for r in caplog.records)
         async with await FrameClient.connect(host, port, key=KEY, name="alice") as client:
             assert (await client.request("echo", {"x": 3}, timeout=5))["echo"] == 3
         assert server.statistics().sessions == 1
@@ -248,23 +248,38 @@ async def test_handshake_timeout_closes_silent_and_trickling_connections() -> No
         await until(lambda: server.statistics().open_connections == 0, "closed")
 
 
-async def test_the_connection_cap() -> None:
-    limits = FrameLimits(max_connections=3, handshake_timeout_s=60)
+async def test_a_full_handshake_budget_sheds_the_oldest_idle_connection_not_the_client() -> None:
+    limits = FrameLimits(max_handshakes=3, max_handshakes_per_address=3, handshake_timeout_s=60)
     server = FrameServer(key=KEY, name="bob", limits=limits)
     server.route("echo", echo)
     async with serving(server) as (host, port):
         idle = [await asyncio.open_connection(host, port) for _ in range(3)]
         await until(lambda: server.statistics().open_connections == 3, "three open")
-        with pytest.raises(PeerUnreachable, match="closed the connection during the handshake"):
-            await FrameClient.connect(host, port, key=KEY, name="alice", timeout=5)
-        assert server.statistics().rejected["over_capacity"] == 1
+        async with await FrameClient.connect(host, port, key=KEY, name="alice", timeout=5) as c:
+            assert (await c.request("echo", {"x": 4}, timeout=5))["echo"] == 4
+        assert server.statistics().events["shed_handshakes"] == 1
+        assert await idle[0][0].read() == b""  # the oldest idle one made room
         for _, writer in idle:
             writer.close()
-            await writer.wait_closed()
-        await until(lambda: server.statistics().open_connections == 0, "all closed")
-        async with await FrameClient.connect(host, port, key=KEY, name="alice") as client:
-            assert (await client.request("echo", {"x": 4}, timeout=5))["echo"] == 4
-        assert server.statistics().events["aborted_handshakes"] == 3
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+
+async def test_proven_sessions_have_their_own_cap() -> None:
+    server = FrameServer(key=KEY, name="bob", limits=FrameLimits(max_connections=2))
+    server.route("echo", echo)
+    async with (
+        serving(server) as (host, port),
+        await FrameClient.connect(host, port, key=KEY, name="a") as a,
+        await FrameClient.connect(host, port, key=KEY, name="b") as b,
+    ):
+        await a.request("echo", {"x": 1}, timeout=5)
+        await b.request("echo", {"x": 1}, timeout=5)
+        late = await FrameClient.connect(host, port, key=KEY, name="c", timeout=5)
+        with pytest.raises(PeerUnreachable):
+            await late.request("echo", {"x": 1}, timeout=5)
+        await late.aclose()
+        assert server.statistics().rejected["over_capacity"] == 1
 
 
 async def test_requests_in_flight_per_connection_are_bounded() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -164,7 +165,7 @@ async def test_a_copy_is_taken_off_a_holder_only_by_the_smaller_name() -> None:
     both = [(u, v, 1.0) for u, v in (("a", "m"), ("m", "z"), ("a", "z"))]
     both += [(v, u, t) for u, v, t in both]
     model = LinkModel(Graph.build(nodes, both, source="a", sink="z", slot_ms=10.0))
-    links = Links(ClusterKey.from_material("test-cluster-key-0123456789"), "m")
+    links = Links(ClusterKey.generate(random.Random("test-cluster-key-0123456789")), "m")
 
     async def nowhere(name: str) -> None:
         return None

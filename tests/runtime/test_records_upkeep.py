@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from agiledart.runtime.holders import HybridClock, Upkeep, holders
 from agiledart.runtime.recordfiles import RecordFiles
 from agiledart.runtime.records import LocalRecords, record_key
 
-KEY = ClusterKey.from_material("records-upkeep-test-key-0123456789")
+KEY = ClusterKey.generate(random.Random("records-upkeep-test-key-0123456789"))
 FAST = OverlayConfig(heartbeat_interval_s=0.5, misses_to_dead=3)
 
 

@@ -6,6 +6,7 @@ it is asked for, newest first (before, it fetched every record ever written)."""
 from __future__ import annotations
 
 import datetime
+import random
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from agiledart.peer import Peer, PeerConfig
 from agiledart.runtime.records import record_key
 from agiledart.runtime.scheduler import apps_index, utc_day
 
-KEY = ClusterKey.from_material("test-cluster-key-0123456789")
+KEY = ClusterKey.generate(random.Random("test-cluster-key-0123456789"))
 
 
 async def test_apps_lists_the_days_asked_for_newest_first(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from agiledart.overlay.tcp import ConnectionInfo, FrameServer
 from agiledart.peer import Peer, PeerConfig
 from agiledart.runtime.links import Links
 
-KEY = ClusterKey.from_material("test-cluster-key-0123456789")
+KEY = ClusterKey.generate(random.Random("test-cluster-key-0123456789"))
 
 
 async def echo(request: dict[str, Any], conn: ConnectionInfo) -> Any:

@@ -6,6 +6,7 @@ the project's own cancelled the whole peer."""
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from agiledart.overlay.auth import ClusterKey
 from agiledart.peer import Peer, PeerConfig
 from agiledart.runtime.links import Links
 
-KEY = ClusterKey.from_material("test-cluster-key-0123456789")
+KEY = ClusterKey.generate(random.Random("test-cluster-key-0123456789"))
 
 
 async def test_a_background_job_that_raises_never_ends_the_peer(tmp_path: Path) -> None:
