@@ -175,8 +175,10 @@ def test_the_host_and_k_fragment_holders_die_at_once(site: LocalCluster) -> None
     logs = log_sizes(site)
     app_id = submit(site, spec_raw, through=1)  # sensor-2 schedules it and lives
     committed(site, app_id, 1, 4_000)
+    for i in (EDGE_1, EDGE_2, 3):  # all three signalled before any is reaped: together
+        site.procs[i].kill()
     for i in (EDGE_1, EDGE_2, 3):
-        site.kill(i)
+        site.procs[i].wait()
     s = finished(site, app_id, through=1)
     assert s["state"] == "finished", s.get("error")
     # gateway-2 only held fragments: nothing of the app ran there
