@@ -37,9 +37,6 @@ from agiledart.datasets import DATASETS, generate
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-#: Linked from README.md but written in another branch; a link to it is accepted only
-#: while the file does not exist (once it does, its anchors are checked like any other).
-PENDING = {DOCS / "security.md"}
 #: Peer commands' shared options, documented once in cli.md.
 COMMON_OPTIONS = {"--via", "--timeout", "--cluster-key-file", "--insecure"}
 
@@ -196,8 +193,7 @@ def test_every_relative_link_resolves(path: Path) -> None:
         file_part, _, anchor = target.partition("#")
         dest = (path.parent / file_part).resolve() if file_part else path
         if not dest.exists():
-            if dest not in PENDING:
-                broken.append(f"{target}: no such file")
+            broken.append(f"{target}: no such file")
             continue
         if not dest.is_relative_to(ROOT):
             broken.append(f"{target}: outside the repository")
