@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import shutil
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -197,6 +198,9 @@ class AppRuntime:
 
     def start(self, group: asyncio.TaskGroup, joined: asyncio.Event) -> None:
         self._group = group
+        # mqtt sources' logs of instances that died with this peer's last process: no
+        # instance reads them again (a restarted app's sources start new logs)
+        shutil.rmtree(self.data.root / "mqtt", ignore_errors=True)
         self.records.load()  # the peer holds its state directory by now
         self._publisher = group.create_task(self._publish_loop(joined))
         self._upkeep = group.create_task(self.records.upkeep_loop(joined))

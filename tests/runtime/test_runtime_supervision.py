@@ -72,3 +72,12 @@ async def test_a_submit_that_breaks_half_way_leaves_no_app_deploying(
         assert peer.zoning is None or peer.zoning.held() == 0  # not counted against the cap
         stored = await scheduler.record(rec.app_id)
         assert stored.state == "failed"
+
+
+async def test_mqtt_logs_left_by_a_killed_peer_are_removed_at_start(tmp_path: Path) -> None:
+    stale = tmp_path / "mqtt" / "plant-0a1b2c"
+    stale.mkdir(parents=True)
+    (stale / "0.log").write_bytes(b"x" * 1000)  # a kill -9 left it; nothing reads it again
+    config = PeerConfig(listen=("127.0.0.1", 0), state_dir=tmp_path, workers=0, name="p")
+    async with Peer(config, KEY):
+        assert not (tmp_path / "mqtt").exists()
