@@ -490,18 +490,20 @@ def read_piece(
 
 
 def write_piece(index: int, piece: Piece, parts: str) -> dict[str, Any]:
-    """Judge ``piece`` and write its valid records as Arrow IPC files, one per record
+    """Judge ``piece`` and write its valid records as Parquet files, one per record
     type under ``parts/<type>/``; return its tallies and malformed lines (the Spark task)."""
-    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
 
-    writers: dict[str, ipc.RecordBatchFileWriter] = {}
+    writers: dict[str, pq.ParquetWriter] = {}
 
     def write(tables: dict[str, pa.Table]) -> None:
         for kind, table in tables.items():
             if kind not in writers:
                 folder = Path(parts) / kind
                 folder.mkdir(parents=True, exist_ok=True)
-                writers[kind] = ipc.new_file(folder / f"part-{index:06d}.arrow", table.schema)
+                writers[kind] = pq.ParquetWriter(
+                    folder / f"part-{index:06d}.parquet", table.schema, compression="none"
+                )
             writers[kind].write_table(table)
 
     try:
