@@ -29,7 +29,7 @@ BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench_analyze.py"
 #: few enough tuples per app that every percentile has an exact rank on both sides
 ROWS = 20_000
 SMALL_EXECUTOR_ROWS = 300_000
-SMALL = {"spark.executor.memory": "512m", "spark.executor.pyspark.memory": "384m"}
+SMALL = {"spark.executor.memory": "512m", "spark.executor.pyspark.memory": "512m"}
 
 
 def _write_traces(directory: Path, rows: int) -> int:
