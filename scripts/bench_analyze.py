@@ -18,7 +18,9 @@ on two cores / (2 x rate on one). While each analysis runs, the resident memory 
 every executor's process tree (its JVM and its Python workers; in local mode the
 executor is the driver's JVM) is sampled every 0.2 s: ``peak_executor_mb`` is the
 largest, over both runs. ``single_task_sections`` counts the sections whose every
-Spark stage ran as one task (0 when every section is computed over partitions).
+Spark stage ran as one task in the main run (0 when every section is computed over
+partitions; on ``local[1]`` Spark packs small inputs into one partition, which is not
+counted).
 
 A second anchor, measured in the same session after the analysis (its JIT warm):
 ``parse_rows_per_s``, Spark's JSON source parsing every line against the explicit
@@ -386,8 +388,7 @@ def main() -> int:
             "peak_executor_mb": round(
                 max(memory.peak_mb, 0.0 if one is None else one["peak_executor_mb"]), 1
             ),
-            "single_task_sections": result.single_task_sections
-            + (0 if one is None else one["single_task_sections"]),
+            "single_task_sections": result.single_task_sections,
             "section_tasks": result.tasks,
             "parse_rows_per_s": None if parse_s is None else round(rows / parse_s),
             "rows": rows,
