@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Throughput of ``agiledart analyze`` (issue 9): trace rows per second on local[2].
+"""Throughput of ``agiledart analyze`` (issues 9, 27): trace rows per second on local[2],
+on local[1], and how the rate scales from one core to two.
 
 Writes ``--rows`` trace lines (default 10 million) of a realistic mix, straight as
 NDJSON text (string formatting over numpy columns, no json.dumps per line): about 45%
@@ -11,13 +12,23 @@ Spark session started beforehand, and reports rows per second next to the anchor
 issue's target of 200,000 rows/s. ``startup_s`` (the Spark session) and ``write_s``
 (making the data) are reported apart and not counted.
 
+Then the same traces are analyzed again on ``local[1]``, in a process of its own (a
+cold JVM, as the first run's): ``rows_per_s_local1`` and ``scaling_efficiency`` = rate
+on two cores / (2 x rate on one). While each analysis runs, the resident memory of
+every executor's process tree (its JVM and its Python workers; in local mode the
+executor is the driver's JVM) is sampled every 0.2 s: ``peak_executor_mb`` is the
+largest, over both runs. ``single_task_sections`` counts the sections whose every
+Spark stage ran as one task in the main run (0 when every section is computed over
+partitions; on ``local[1]`` Spark packs small inputs into one partition, which is not
+counted).
+
 A second anchor, measured in the same session after the analysis (its JIT warm):
 ``parse_rows_per_s``, Spark's JSON source parsing every line against the explicit
 union schema and nothing else (the ``noop`` sink): what reading alone would cost with
 Spark's own reader, which the analysis used before it parsed with Arrow
 (:mod:`agiledart.analysis.parse`).
 
-    python scripts/bench_analyze.py [--rows N] [--json] [--dir DIR] [--keep]
+    python scripts/bench_analyze.py [--rows N] [--json] [--dir DIR] [--keep] [--no-local1]
 
 With ``--json`` the last line printed is one JSON object.
 """
@@ -28,8 +39,10 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -225,6 +238,101 @@ def _parse_only(spark: Any, traces: Path) -> float:
     return time.perf_counter() - started
 
 
+_EXECUTOR = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+
+
+def _children() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return out
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
+def _tree(pid: int, children: dict[int, list[int]]) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def _executors(children: dict[int, list[int]]) -> list[int]:
+    """The executors' processes: a cluster's executor JVMs, or (local mode) the JVMs
+    this process started."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if _EXECUTOR.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found or children.get(os.getpid(), [])
+
+
+class PeakMemory:
+    """Samples, every 0.2 s on a thread, the resident memory of each executor's process
+    tree; :attr:`peak_mb` is the largest sum seen."""
+
+    def __init__(self) -> None:
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            children = _children()
+            for pid in _executors(children):
+                used = sum(_rss_mb(p) for p in _tree(pid, children))
+                self.peak_mb = max(self.peak_mb, used)
+
+
+def _local1(traces: Path, conf: list[str]) -> dict[str, Any]:
+    """The analysis of ``traces`` on ``local[1]``, in a process of its own."""
+    settings = [a for kv in conf for a in ("--conf", kv)]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--traces",
+            str(traces),
+            "--master",
+            "local[1]",
+            "--json",
+            "--no-local1",
+            "--no-parse",
+            *settings,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=10_000_000, help="trace lines to analyze")
@@ -236,13 +344,15 @@ def main() -> int:
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-local1", action="store_true", help="skip the local[1] run")
+    parser.add_argument("--no-parse", action="store_true", help="skip the parsing anchor")
     parser.add_argument(
         "--traces", type=Path, help="analyze these traces instead of writing new ones"
     )
     args = parser.parse_args()
 
     from agiledart.analysis import analyze
-    from agiledart.analysis.session import spark_session
+    from agiledart.analysis.session import LOCAL_DEFAULTS, spark_session
 
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-analyze-"))
     traces, out = work / "traces", work / "report"
@@ -258,17 +368,29 @@ def main() -> int:
         print(f"wrote {rows} lines ({size / 1e6:.0f} MB) in {write_s:.1f} s", file=sys.stderr)
         started = time.perf_counter()
         conf = dict(kv.split("=", 1) for kv in args.conf)
+        if args.master is not None and args.master.startswith("local"):
+            conf = {**LOCAL_DEFAULTS, **conf}
         with spark_session(args.master, conf) as spark:
             startup_s = time.perf_counter() - started
             started = time.perf_counter()
-            result = analyze(traces, out, spark=spark)
+            with PeakMemory() as memory:
+                result = analyze(traces, out, spark=spark)
             seconds = time.perf_counter() - started
-            parse_s = _parse_only(spark, traces)
+            parse_s = None if args.no_parse else _parse_only(spark, traces)
         print(f"analyzed {result.lines} lines in {seconds:.1f} s", file=sys.stderr)
+        rate = round(rows / seconds)
+        one = None if args.no_local1 else _local1(traces, args.conf)
         report: dict[str, Any] = {
-            "rows_per_s": round(rows / seconds),
+            "rows_per_s": rate,
             "anchor_rows_per_s": ANCHOR_ROWS_PER_S,
-            "parse_rows_per_s": round(rows / parse_s),
+            "rows_per_s_local1": None if one is None else one["rows_per_s"],
+            "scaling_efficiency": None if one is None else round(rate / (2 * one["rows_per_s"]), 3),
+            "peak_executor_mb": round(
+                max(memory.peak_mb, 0.0 if one is None else one["peak_executor_mb"]), 1
+            ),
+            "single_task_sections": result.single_task_sections,
+            "section_tasks": result.tasks,
+            "parse_rows_per_s": None if parse_s is None else round(rows / parse_s),
             "rows": rows,
             "seconds": round(seconds, 2),
             **result.timings,
@@ -283,8 +405,8 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     print(
-        f"{report['rows_per_s']} rows/s (target {ANCHOR_ROWS_PER_S}; "
-        f"parsing alone {report['parse_rows_per_s']})"
+        f"{report['rows_per_s']} rows/s (target {ANCHOR_ROWS_PER_S}; local[1] "
+        f"{report['rows_per_s_local1']}; parsing alone {report['parse_rows_per_s']})"
     )
     if args.json:
         print(json.dumps(report))

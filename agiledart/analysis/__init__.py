@@ -3,9 +3,10 @@
 ``agiledart analyze TRACE_DIR --out DIR`` reads every peer's trace files in one Spark
 job whose tasks parse them with Arrow against each record type's explicit schema
 (:mod:`~agiledart.analysis.reader`, :mod:`~agiledart.analysis.parse`), counts and skips
-malformed lines, computes each section in a Spark job of its own with numpy over the
-parsed records (:mod:`~agiledart.analysis.sections`, :mod:`~agiledart.analysis.columns`)
-and writes CSV tables, PNG plots and ``report.html``:
+malformed lines, writes the parsed records as Parquet, computes each section with Spark
+SQL over all their partitions (:mod:`~agiledart.analysis.sections`,
+:mod:`~agiledart.analysis.frames`; only the final tables reach the driver) and writes
+CSV tables, PNG plots and ``report.html``:
 
 * :mod:`~agiledart.analysis.metrics`: latency percentiles per app over time, throughput
   per operator;

@@ -1,9 +1,9 @@
 """What an analysis produces: sections of tables and plots, before they become files.
 
-The sections' Spark jobs (:mod:`~agiledart.analysis.metrics`,
+The sections' Spark queries (:mod:`~agiledart.analysis.metrics`,
 :mod:`~agiledart.analysis.routing`, :mod:`~agiledart.analysis.placement`,
-:mod:`~agiledart.analysis.timelines`) each return a :class:`Section` with its tables,
-pickled back to the driver, which adds the plots
+:mod:`~agiledart.analysis.timelines`) each make a :class:`Section` of the final tables
+they bring back to the driver, which adds the plots
 (:func:`~agiledart.analysis.plots.of_section`); :mod:`~agiledart.analysis.report`
 writes its tables as CSV, draws its plots as PNG and lays it out in ``report.html``.
 """

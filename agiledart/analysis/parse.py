@@ -37,6 +37,7 @@ which the reader writes out for the analysis's jobs.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import zlib
@@ -489,23 +490,47 @@ def read_piece(
     return result
 
 
-def write_piece(index: int, piece: Piece, parts: str) -> dict[str, Any]:
-    """Judge ``piece`` and write its valid records as Arrow IPC files, one per record
-    type under ``parts/<type>/``; return its tallies and malformed lines (the Spark task)."""
-    import pyarrow.ipc as ipc
+def _within_limit() -> tuple[int, int]:
+    """The chunk and flush sizes for this process: the defaults, or, when its address
+    space is limited (Spark's ``spark.executor.pyspark.memory``), sizes that fit the
+    room left (an eighth of it for the records held, a 32nd for a chunk of lines)."""
+    import resource
 
-    writers: dict[str, ipc.RecordBatchFileWriter] = {}
+    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if limit == resource.RLIM_INFINITY:
+        return CHUNK_BYTES, FLUSH_BYTES
+    used = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmSize:"):
+                used = int(line.split()[1]) << 10
+    room = max(0, limit - used)
+    return (
+        min(CHUNK_BYTES, max(1 << 20, room // 32)),
+        min(FLUSH_BYTES, max(4 << 20, room // 8)),
+    )
+
+
+def write_piece(index: int, piece: Piece, parts: str) -> dict[str, Any]:
+    """Judge ``piece`` and write its valid records as Parquet files, one per record
+    type under ``parts/<type>/``; return its tallies and malformed lines (the Spark task)."""
+    import pyarrow.parquet as pq
+
+    writers: dict[str, pq.ParquetWriter] = {}
 
     def write(tables: dict[str, pa.Table]) -> None:
         for kind, table in tables.items():
             if kind not in writers:
                 folder = Path(parts) / kind
                 folder.mkdir(parents=True, exist_ok=True)
-                writers[kind] = ipc.new_file(folder / f"part-{index:06d}.arrow", table.schema)
+                writers[kind] = pq.ParquetWriter(
+                    folder / f"part-{index:06d}.parquet", table.schema, compression="none"
+                )
             writers[kind].write_table(table)
 
+    chunk_bytes, flush_bytes = _within_limit()
     try:
-        result = read_piece(piece, flush=write)
+        result = read_piece(piece, chunk_bytes, flush=write, flush_bytes=flush_bytes)
     except OSError as exc:
         # unreadable (permissions, removed since it was listed): the driver says which
         return {"path": piece.path, "error": f"{type(exc).__name__}: {exc}"}

@@ -11,120 +11,109 @@ quantiles at Blom's plotting positions (i - 3/8) / (n + 1/4).
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import Any
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
 
-from agiledart.analysis.columns import Source, floats, groups, join_items, ordered, sorted_rows
+from agiledart.analysis.frames import Frames, collect
 from agiledart.analysis.model import Section, Table
 
 __all__ = ["placement_section", "scheduler_section"]
 
 
-def _latest(source: Source) -> list[dict[str, Any]]:
+def _latest(frames: Frames) -> DataFrame:
     """Each app's latest ``placement`` record."""
-    latest: dict[Any, dict[str, Any]] = {}
-    for record in source.table("placement").to_pylist():
-        seen = latest.get(record["app"])
-        if seen is None or record["ts"] > seen["ts"]:
-            latest[record["app"]] = record
-    return list(latest.values())
-
-
-def _per_peer(source: Source, latest: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    hosted: Counter[Any] = Counter()
-    for record in latest:
-        for _, peers in record["placement"] or []:
-            hosted.update(p for p in peers or [] if p is not None)
-    peers = set(source.writer_peers) | set(hosted)
-    return ordered([(p, hosted.get(p, 0)) for p in peers], 1, 0, descending=(1,))
-
-
-def placement_section(source: Source) -> Section:
-    section = Section("placement", "Operator placement", ("placement",))
-    if not source.has("placement"):
-        return section
-    latest = _latest(source)
-    per_peer = _per_peer(source, latest)
-    table = Table(
-        "operators_per_peer", "Operator instances per peer", ["peer", "operators"], per_peer
+    newest = Window.partitionBy("app").orderBy(F.desc("ts"))
+    return (
+        frames.records("placement")
+        .withColumn("n", F.row_number().over(newest))
+        .where(F.col("n") == 1)
     )
-    placements = [
-        (r["app"], r["name"], r["strategy"], operator, join_items(peers, " "))
-        for r in latest
-        for operator, peers in r["placement"] or []
-    ]
-    paths = [
-        (r["app"], i, join_items(path, " > "))
-        for r in latest
-        for i, path in enumerate(r["paths"] or [])
-    ]
+
+
+def _per_peer(frames: Frames, latest: DataFrame) -> DataFrame:
+    instances = latest.select("app", F.explode("placement").alias("operator", "peers")).select(
+        "app", "operator", F.explode("peers").alias("peer")
+    )
+    writers = frames.spark.createDataFrame([(p,) for p in frames.writer_peers], "peer string")
+    peers = writers.unionByName(instances.select("peer")).distinct()
+    return (
+        peers.join(
+            instances.groupBy("peer").agg(F.count(F.lit(1)).alias("operators")), "peer", "left"
+        )
+        .select("peer", F.coalesce("operators", F.lit(0)).alias("operators"))
+        .orderBy(F.desc("operators"), "peer")
+    )
+
+
+def placement_section(frames: Frames) -> Section:
+    section = Section("placement", "Operator placement", ("placement",))
+    if not frames.has("placement"):
+        return section
+    latest = _latest(frames).persist()  # one row per app, read by every table below
+    try:
+        table = collect(
+            _per_peer(frames, latest), "operators_per_peer", "Operator instances per peer"
+        )
+        placements = collect(
+            latest.select(
+                "app",
+                "name",
+                "strategy",
+                F.explode("placement").alias("operator", "peers"),
+            )
+            .select(
+                "app", "name", "strategy", "operator", F.array_join("peers", " ").alias("peers")
+            )
+            .orderBy("app", "operator"),
+            "placements",
+            "Latest placement of each app",
+        )
+        paths = collect(
+            latest.select("app", F.posexplode("paths").alias("i", "path"))
+            .select("app", "i", F.array_join("path", " > ").alias("path"))
+            .orderBy("app", "i"),
+            "placement_paths",
+            "Dataflow paths of each app (source to sink)",
+        )
+        apps = latest.count()
+    finally:
+        latest.unpersist()
     counts = table.column("operators")
-    hist = sorted(Counter(counts).items())
+    hist = sorted({c: counts.count(c) for c in counts}.items())
     histogram = Table(
         "operators_per_peer_hist",
         "Peers by number of operator instances",
         ["operators", "peers"],
         [tuple(r) for r in hist],
     )
-    section.tables += [
-        table,
-        histogram,
-        Table(
-            "placements",
-            "Latest placement of each app",
-            ["app", "name", "strategy", "operator", "peers"],
-            ordered(placements, 0, 3),
-        ),
-        Table(
-            "placement_paths",
-            "Dataflow paths of each app (source to sink)",
-            ["app", "i", "path"],
-            ordered(paths, 0, 1),
-        ),
-    ]
+    section.tables += [table, histogram, placements, paths]
     section.notes.append(
-        f"{len(counts)} peers, {sum(counts)} operator instances "
-        f"(latest placement of {len(latest)} apps)."
+        f"{len(counts)} peers, {sum(counts)} operator instances (latest placement of {apps} apps)."
     )
     return section
 
 
-def scheduler_section(source: Source) -> Section:
+def scheduler_section(frames: Frames) -> Section:
     section = Section("schedulers", "Zone schedulers", ("scheduler",))
-    if not source.has("scheduler"):
+    if not frames.has("scheduler"):
         return section
-    events = source.table("scheduler")
-    by_zone = groups(events["zone"])
-    ts = floats(events["ts"])
-    names: dict[Any, set[Any]] = {}
-    pairs = zip(events["zone"].to_pylist(), events["scheduler"].to_pylist(), strict=True)
-    for zone, scheduler in pairs:
-        if scheduler is not None:
-            names.setdefault(zone, set()).add(scheduler)
-    zones = [
-        (zone, len(names.get(zone, ())), " ".join(sorted(names.get(zone, ()))), n, last, apps)
-        for (zone,), n, last, apps in zip(
-            by_zone.keys,
-            by_zone.count().tolist(),
-            by_zone.last(events["scheduler"], ts),
-            by_zone.last(events["apps"], ts),
-            strict=True,
+    events = frames.records("scheduler")
+    zones = (
+        events.groupBy("zone")
+        .agg(
+            F.countDistinct("scheduler").alias("schedulers"),
+            F.array_join(F.array_sort(F.collect_set("scheduler")), " ").alias("names"),
+            F.count(F.lit(1)).alias("events"),
+            F.max_by("scheduler", "ts").alias("latest"),
+            F.max_by("apps", "ts").alias("latest_apps"),
         )
-    ]
-    log = events.select(["zone", "scheduler", "event", "apps"])
-    log = log.add_column(0, "t_s", [source.seconds(events["ts"])])
-    section.tables += [
-        Table(
-            "schedulers",
-            "Schedulers per zone",
-            ["zone", "schedulers", "names", "events", "latest", "latest_apps"],
-            ordered(zones, 0),
-        ),
-        Table(
-            "scheduler_events",
-            "Scheduler events",
-            ["t_s", "zone", "scheduler", "event", "apps"],
-            sorted_rows(log, "t_s", "zone"),
-        ),
-    ]
+        .orderBy("zone")
+    )
+    per_zone = collect(zones, "schedulers", "Schedulers per zone")
+    log = collect(
+        events.select(frames.t_s(), "zone", "scheduler", "event", "apps").orderBy("t_s", "zone"),
+        "scheduler_events",
+        "Scheduler events",
+    )
+    section.tables += [per_zone, log]
     return section

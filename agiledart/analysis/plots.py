@@ -17,6 +17,7 @@ from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from agiledart.analysis.model import Plot, Section, Table
 
@@ -130,6 +131,7 @@ def path_shares(paths: Table) -> Plot:
         ax = _axes(fig, "Path selection", "path rank", "share of packets")
         for label, rows in _series(paths, ["policy", "graph", "origin", "dest"]):
             ax.plot(*_xy(rows, "rank", "share"), "o-", label=label)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # ranks are whole numbers
         _legend(ax)
 
     return draw

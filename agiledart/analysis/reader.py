@@ -6,10 +6,11 @@ Theory of operation: one Spark job reads every trace file once. Its tasks are th
 cut), and each task, in Spark's Python worker, parses its lines with Arrow's JSON reader
 against the explicit schema of each record type (:mod:`~agiledart.analysis.parse`,
 where the rules are), gives each line one verdict, and writes the valid records of each
-type as Arrow IPC files: ``ts``, ``peer`` and the fields the analysis reads
-(:data:`~agiledart.analysis.schemas.ANALYZED`), under ``<parts>/<type>/``. Arrow judges
-a whole block of lines with a few vectorised comparisons, and its files are what the
-sections' jobs read, memory-mapped, without any decoding (:class:`Source`).
+type as Parquet files: ``ts``, ``peer`` and the fields the analysis reads
+(:data:`~agiledart.analysis.schemas.ANALYZED`), under ``<parts>/<type>/`` (in the
+output directory, which every executor reaches). Arrow judges a whole block of lines
+with a few vectorised comparisons, and its files are what the sections' queries scan
+in parallel partitions (:class:`~agiledart.analysis.frames.Frames`).
 
 A task returns what it counted: valid records per type and peer (with the earliest and
 latest ``ts``), malformed lines per reason and a few of them as examples. Malformed
@@ -26,8 +27,8 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from agiledart.analysis.columns import Source
 from agiledart.analysis.errors import AnalysisUsageError
+from agiledart.analysis.frames import Frames
 from agiledart.analysis.parse import REASONS, pieces, write_piece
 from agiledart.analysis.schemas import CORRUPT, RECORD_TYPES, union_schema
 from agiledart.traces.writer import trace_files
@@ -55,13 +56,13 @@ class Malformed:
 
 @dataclass
 class Traces:
-    """The valid records of one trace directory, as Arrow files under :attr:`parts`."""
+    """The valid records of one trace directory, as Parquet files under :attr:`parts`."""
 
     spark: SparkSession
     directory: Path
     files: list[Path]
     parts: Path
-    """``<type>/part-NNNNNN.arrow``: the valid records of each type."""
+    """``<type>/part-NNNNNN.parquet``: the valid records of each type."""
     counts: dict[str, int]
     """Valid records per type."""
     writer_peers: list[str]
@@ -79,10 +80,11 @@ class Traces:
     def has(self, kind: str) -> bool:
         return self.counts.get(kind, 0) > 0
 
-    def source(self, window_ms: float) -> Source:
-        """What the sections' jobs read, with windows of ``window_ms``."""
-        return Source(
-            parts=str(self.parts),
+    def frames(self, window_ms: float) -> Frames:
+        """What the sections' queries read, with windows of ``window_ms``."""
+        return Frames(
+            spark=self.spark,
+            parts=self.parts,
             counts=dict(self.counts),
             writer_peers=list(self.writer_peers),
             t0_ms=self.t0_ms,

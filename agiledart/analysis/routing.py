@@ -5,32 +5,21 @@ Regret (paper §V) per (policy, graph, origin, dest), packets ordered by ``k``::
 
     R(K) = Σ_{k <= K} delay_ms(k) - K · optimal_ms
 
-computed as the running sum of ``delay_ms - optimal_ms`` over the deliveries that carry
-``optimal_ms``. The curve keeps at most about :data:`CURVE_POINTS` points per series
-(every n-th packet, the first and the last), the summary has the exact final value. A
-null ``graph`` is shown as ``""``.
+computed as the running sum of ``delay_ms - optimal_ms`` (a Spark window: each series
+sorted by ``k``, spilling to disk when it is large), over the deliveries that carry
+``optimal_ms``. The curve keeps at most about
+:data:`CURVE_POINTS` points per series (every n-th packet, the first and the last), the
+summary has the exact final value. A null ``graph`` is shown as ``""``. The delay CDF
+is ``percentile_approx`` at 101 levels per (policy, graph), with the packets it counts.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Any
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from agiledart.analysis.columns import (
-    Groups,
-    Source,
-    floats,
-    groups,
-    joined,
-    ordered,
-    partition,
-    percentile,
-)
-from agiledart.analysis.model import Section, Table
+from agiledart.analysis.frames import Frames, collect, percentiles
+from agiledart.analysis.model import Section
 
 __all__ = ["CDF_POINTS", "CURVE_POINTS", "OUTCOMES", "routing_section", "shuffle_section"]
 
@@ -41,139 +30,105 @@ OUTCOMES = ("ok", "lost", "late", "refused")
 SERIES = ["policy", "graph", "origin", "dest"]
 
 
-def _series(deliveries: pa.Table) -> Groups:
-    return groups(*(deliveries[c] for c in SERIES))
+def _deliveries(frames: Frames) -> DataFrame:
+    return frames.records("delivery").withColumn("graph", F.coalesce("graph", F.lit("")))
 
 
-def _regret(deliveries: pa.Table) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    delay, optimal = floats(deliveries["delay_ms"]), floats(deliveries["optimal_ms"])
-    gap = delay - optimal
-    series = _series(deliveries)
-    total, scored_gaps = series.sum(gap)
-    summary = [
-        (*key, n, m, o, float(t) if g else None, w, a)
-        for key, n, m, o, t, g, w, a in zip(
-            series.keys,
-            series.count().tolist(),
-            series.mean(delay),
-            series.mean(optimal),
-            total.tolist(),
-            scored_gaps.tolist(),
-            series.count(np.isnan(optimal)).tolist(),
-            series.mean(floats(deliveries["attempts"])),
-            strict=True,
+def _regret(deliveries: DataFrame) -> tuple[DataFrame, DataFrame]:
+    scored = deliveries.where(F.col("optimal_ms").isNotNull())
+    order = Window.partitionBy(*SERIES).orderBy("k", "ts")
+    running = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    # packets per series from a small aggregation, so that the curve needs one window
+    # (one sort of the deliveries), not a second over whole series
+    sizes = scored.groupBy(*SERIES).agg(F.count(F.lit(1)).alias("n"))
+    curve = (
+        scored.join(F.broadcast(sizes), SERIES)
+        .select(
+            *SERIES,
+            "k",
+            "delay_ms",
+            "optimal_ms",
+            "n",
+            F.row_number().over(order).alias("packets"),
+            F.sum(F.col("delay_ms") - F.col("optimal_ms")).over(running).alias("regret_ms"),
         )
-    ]
-    scored = deliveries.filter(pa.array(~np.isnan(optimal)))
-    if not scored.num_rows:
-        return [], ordered(summary, 0, 1, 2, 3)
-    series = _series(scored)
-    # each series' packets by k, then ts
-    order = partition(series.ids, np.lexsort((floats(scored["ts"]), floats(scored["k"]))))
-    ids = series.ids[order]
-    gap = (floats(scored["delay_ms"]) - floats(scored["optimal_ms"]))[order]
-    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-    sizes = np.diff(np.r_[starts, len(ids)])
-    packets = np.arange(len(ids)) - np.repeat(starts, sizes) + 1
-    valid = ~np.isnan(gap)
-    running = np.empty(len(ids))
-    seen = np.empty(len(ids), dtype=np.int64)
-    for start, size in zip(starts.tolist(), sizes.tolist(), strict=True):
-        end = start + size  # the running sum of each series on its own, as SQL's window
-        running[start:end] = np.cumsum(np.where(valid[start:end], gap[start:end], 0.0))
-        seen[start:end] = np.cumsum(valid[start:end])
-    n = np.repeat(sizes, sizes)
-    step = np.maximum(1, np.ceil(n / CURVE_POINTS)).astype(np.int64)
-    keep = (packets % step == 0) | (packets == 1) | (packets == n)
-    picked = scored.take(pa.array(order[keep]))
-    regret, counted = running[keep], seen[keep]
-    curve = [
-        (*series.keys[i], k, p, d, o, float(r) if c else None)
-        for i, k, p, d, o, r, c in zip(
-            ids[keep].tolist(),
-            picked["k"].to_pylist(),
-            packets[keep].tolist(),
-            picked["delay_ms"].to_pylist(),
-            picked["optimal_ms"].to_pylist(),
-            regret.tolist(),
-            counted.tolist(),
-            strict=True,
+        .withColumn("step", F.greatest(F.lit(1), F.ceil(F.col("n") / CURVE_POINTS)))
+        .where(
+            (F.col("packets") % F.col("step") == 0)
+            | (F.col("packets") == 1)
+            | (F.col("packets") == F.col("n"))
         )
-    ]
-    return ordered(curve, 0, 1, 2, 3, 5), ordered(summary, 0, 1, 2, 3)
-
-
-def _paths(deliveries: pa.Table) -> list[tuple[Any, ...]]:
-    text = joined(deliveries["path"], " > ")
-    counted = groups(*(deliveries[c] for c in SERIES), text)
-    packets = counted.count().tolist()
-    per_series: dict[tuple[Any, ...], list[tuple[Any, int]]] = defaultdict(list)
-    for key, n in zip(counted.keys, packets, strict=True):
-        per_series[key[:4]].append((key[4], n))
-    rows = []
-    for series, paths in per_series.items():
-        total = sum(n for _, n in paths)
-        ranked = ordered(paths, 1, 0, descending=(1,))
-        for rank, (path, n) in enumerate(ranked[:TOP_PATHS], start=1):
-            rows.append((*series, path, n, n / total, rank))
-    return ordered(rows, 0, 1, 2, 3, 7)
-
-
-def _cdf(deliveries: pa.Table) -> list[tuple[Any, ...]]:
-    last = CDF_POINTS - 1
-    by = groups(deliveries["policy"], deliveries["graph"])
-    kept, offsets = by.sorted_values(floats(deliveries["delay_ms"]))
-    rows = []
-    for i, key in enumerate(by.keys):
-        start, end = int(offsets[i]), int(offsets[i + 1])
-        rows += [
-            (*key, j / last, percentile(kept, start, end, j / last)) for j in range(CDF_POINTS)
-        ]
-    return ordered(rows, 0, 1, 2)
-
-
-def routing_section(source: Source) -> Section:
-    section = Section("routing", "Shuffle paths: regret, choices, delays", ("delivery",))
-    if not source.has("delivery"):
-        return section
-    deliveries = source.table("delivery")
-    deliveries = deliveries.set_column(
-        deliveries.schema.get_field_index("graph"), "graph", pc.fill_null(deliveries["graph"], "")
+        .select(*SERIES, "k", "packets", "delay_ms", "optimal_ms", "regret_ms")
+        .orderBy(*SERIES, "packets")
     )
+    summary = (
+        deliveries.groupBy(*SERIES)
+        .agg(
+            F.count(F.lit(1)).alias("packets"),
+            F.mean("delay_ms").alias("delay_ms_mean"),
+            F.mean("optimal_ms").alias("optimal_ms"),
+            F.sum(F.col("delay_ms") - F.col("optimal_ms")).alias("regret_ms"),
+            F.count_if(F.col("optimal_ms").isNull()).alias("without_optimal"),
+            F.mean("attempts").alias("attempts_mean"),
+        )
+        .orderBy(*SERIES)
+    )
+    return curve, summary
+
+
+def _paths(deliveries: DataFrame) -> DataFrame:
+    # counted by the path's array, joined into text only once per distinct path (then
+    # counted again by the text, in case two arrays read the same)
+    counted = (
+        deliveries.groupBy(*SERIES, "path")
+        .agg(F.count(F.lit(1)).alias("packets"))
+        .groupBy(*SERIES, F.array_join("path", " > ").alias("path"))
+        .agg(F.sum("packets").alias("packets"))
+    )
+    series = Window.partitionBy(*SERIES)
+    rank = Window.partitionBy(*SERIES).orderBy(F.desc("packets"), "path")
+    return (
+        counted.select(
+            *SERIES,
+            "path",
+            "packets",
+            (F.col("packets") / F.sum("packets").over(series)).alias("share"),
+            F.row_number().over(rank).alias("rank"),
+        )
+        .where(F.col("rank") <= TOP_PATHS)
+        .orderBy(*SERIES, "rank")
+    )
+
+
+def _cdf(deliveries: DataFrame) -> DataFrame:
+    last = CDF_POINTS - 1
+    levels = [i / last for i in range(CDF_POINTS)]
+    return (
+        deliveries.groupBy("policy", "graph")
+        .agg(
+            F.count("delay_ms").alias("packets"),
+            F.array(*percentiles("delay_ms", levels)).alias("levels"),
+        )
+        .select("policy", "graph", "packets", F.posexplode("levels").alias("i", "delay_ms"))
+        .select("policy", "graph", (F.col("i") / last).alias("fraction"), "delay_ms", "packets")
+        .orderBy("policy", "graph", "fraction")
+    )
+
+
+def routing_section(frames: Frames) -> Section:
+    section = Section("routing", "Shuffle paths: regret, choices, delays", ("delivery",))
+    if not frames.has("delivery"):
+        return section
+    deliveries = _deliveries(frames)
     curve, summary = _regret(deliveries)
+    regret = collect(curve, "regret", "Regret R(K) per policy and graph")
+    cdf = collect(_cdf(deliveries), "delay_cdf", "Packet delay CDF per policy and graph")
+    paths = collect(_paths(deliveries), "paths", f"Most used paths (top {TOP_PATHS})")
     section.tables += [
-        Table(
-            "regret_summary",
-            "Deliveries and final regret per series",
-            [
-                *SERIES,
-                "packets",
-                "delay_ms_mean",
-                "optimal_ms",
-                "regret_ms",
-                "without_optimal",
-                "attempts_mean",
-            ],
-            summary,
-        ),
-        Table(
-            "regret",
-            "Regret R(K) per policy and graph",
-            [*SERIES, "k", "packets", "delay_ms", "optimal_ms", "regret_ms"],
-            curve,
-        ),
-        Table(
-            "paths",
-            f"Most used paths (top {TOP_PATHS})",
-            [*SERIES, "path", "packets", "share", "rank"],
-            _paths(deliveries),
-        ),
-        Table(
-            "delay_cdf",
-            "Packet delay CDF per policy and graph",
-            ["policy", "graph", "fraction", "delay_ms"],
-            _cdf(deliveries),
-        ),
+        collect(summary, "regret_summary", "Deliveries and final regret per series"),
+        regret,
+        paths,
+        cdf,
     ]
     section.notes.append(
         "R(K) = Σ delay_ms(k) - K·optimal_ms over packets ordered by k, per (policy, "
@@ -182,87 +137,73 @@ def routing_section(source: Source) -> Section:
     return section
 
 
-_LINK_KEYS = ("policy", "graph", "hop", "node", "next", "outcome")
-
-
-def _attempts(source: Source) -> list[dict[str, Any]]:
+def _attempts(frames: Frames) -> DataFrame:
     """Hop attempts counted per policy, graph, hop, link and outcome, with their delay
     sums: a few hundred rows, from which every shuffle table adds up."""
-    shuffles = source.table("shuffle")
-    keys = [
-        pc.fill_null(shuffles["graph"], "") if k == "graph" else shuffles[k] for k in _LINK_KEYS
-    ]
-    by = groups(*keys)
-    delay_sum, delays = by.sum(floats(shuffles["delay_ms"]))
-    return [
-        {**dict(zip(_LINK_KEYS, key, strict=True)), "attempts": n, "delay_sum": s, "delays": d}
-        for key, n, s, d in zip(
-            by.keys, by.count().tolist(), delay_sum.tolist(), delays.tolist(), strict=True
+    return (
+        frames.records("shuffle")
+        .groupBy(
+            "policy",
+            F.coalesce("graph", F.lit("")).alias("graph"),
+            "hop",
+            "node",
+            "next",
+            "outcome",
         )
-    ]
+        .agg(
+            F.count(F.lit(1)).alias("attempts"),
+            F.sum("delay_ms").alias("delay_sum"),
+            F.count("delay_ms").alias("delays"),
+        )
+    )
 
 
-def _rolled(attempts: list[dict[str, Any]], keys: tuple[str, ...]) -> list[tuple[Any, ...]]:
-    """The attempts added up per ``keys``: attempts, each outcome's, the success rate
-    and the mean delay."""
-    totals: dict[tuple[Any, ...], list[float]] = {}
-    for a in attempts:
-        t = totals.setdefault(tuple(a[k] for k in keys), [0, 0, 0, 0, 0, 0.0, 0])
-        t[0] += a["attempts"]
-        if a["outcome"] in OUTCOMES:
-            t[1 + OUTCOMES.index(a["outcome"])] += a["attempts"]
-        t[5] += a["delay_sum"]
-        t[6] += a["delays"]
+def _delay_mean() -> Column:
+    return F.try_divide(F.sum("delay_sum"), F.sum("delays")).alias("delay_ms_mean")
+
+
+def _outcome_counts() -> list[Column]:
     return [
-        (*key, int(n), *(int(x) for x in counts), counts[0] / n, _mean(s, d))
-        for key, (n, *counts, s, d) in totals.items()
+        F.sum("attempts").alias("attempts"),
+        *(
+            F.sum(F.when(F.col("outcome") == o, F.col("attempts")).otherwise(0)).alias(o)
+            for o in OUTCOMES
+        ),
+        _delay_mean(),
     ]
 
 
-def _mean(total: float, n: float) -> float | None:
-    return float(total / n) if n else None
-
-
-def shuffle_section(source: Source) -> Section:
+def shuffle_section(frames: Frames) -> Section:
     section = Section("shuffle", "Shuffle hop attempts", ("shuffle",))
-    if not source.has("shuffle"):
+    if not frames.has("shuffle"):
         return section
-    attempts = _attempts(source)
-    per_outcome: dict[tuple[Any, ...], list[float]] = {}
-    for a in attempts:
-        t = per_outcome.setdefault((a["policy"], a["graph"], a["outcome"]), [0, 0.0, 0])
-        t[0] += a["attempts"]
-        t[1] += a["delay_sum"]
-        t[2] += a["delays"]
-    outcomes = [(*key, int(n), _mean(s, d)) for key, (n, s, d) in per_outcome.items()]
-    counts = ["attempts", *OUTCOMES, "success_rate", "delay_ms_mean"]
-    section.tables += [
-        Table(
-            "shuffle_outcomes",
-            "Attempts per outcome",
-            ["policy", "graph", "outcome", "attempts", "delay_ms_mean"],
-            ordered(outcomes, 0, 1, 2),
-        ),
-        Table(
-            "shuffle_hops",
-            "Attempts per hop index",
-            ["policy", "graph", "hop", *counts],
-            ordered(_rolled(attempts, ("policy", "graph", "hop")), 0, 1, 2),
-        ),
-        Table(
-            "shuffle_links",
-            "Attempts per link (node -> next)",
-            ["policy", "graph", "node", "next", *counts],
-            ordered(
-                _rolled(attempts, ("policy", "graph", "node", "next")),
-                0,
-                1,
-                4,
-                2,
-                3,
-                descending=(4,),
-            ),
-        ),
-    ]
+    attempts = _attempts(frames).persist()
+    try:
+        rate = (F.col("ok") / F.col("attempts")).alias("success_rate")
+        outcomes = (
+            attempts.groupBy("policy", "graph", "outcome")
+            .agg(F.sum("attempts").alias("attempts"), _delay_mean())
+            .orderBy("policy", "graph", "outcome")
+        )
+        hops = (
+            attempts.groupBy("policy", "graph", "hop")
+            .agg(*_outcome_counts())
+            .select("policy", "graph", "hop", "attempts", *OUTCOMES, rate, "delay_ms_mean")
+            .orderBy("policy", "graph", "hop")
+        )
+        links = (
+            attempts.groupBy("policy", "graph", "node", "next")
+            .agg(*_outcome_counts())
+            .select("policy", "graph", "node", "next", "attempts", *OUTCOMES, rate, "delay_ms_mean")
+            .orderBy("policy", "graph", F.desc("attempts"), "node", "next")
+        )
+        by_outcome = collect(outcomes, "shuffle_outcomes", "Attempts per outcome")
+        section.tables += [
+            by_outcome,
+            collect(hops, "shuffle_hops", "Attempts per hop index"),
+            collect(links, "shuffle_links", "Attempts per link (node -> next)"),
+        ]
+    finally:
+        attempts.unpersist()
     section.notes.append("One shuffle record per transmission attempt over one link.")
     return section

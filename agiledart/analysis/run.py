@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import time
+import uuid
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +18,7 @@ from agiledart.analysis.session import require_analysis_extra, spark_session
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from agiledart.analysis.columns import Source
+    from agiledart.analysis.frames import Frames
     from agiledart.analysis.model import Section
     from agiledart.analysis.report import Rendered
 
@@ -45,6 +45,14 @@ class Analysis:
     sections: list[Section]
     timings: dict[str, float]
     """Seconds spent reading (parse and cache), in the jobs, and writing the report."""
+    tasks: dict[str, int] = field(default_factory=dict)
+    """Per section that ran Spark jobs, the most tasks one of its stages ran."""
+
+    @property
+    def single_task_sections(self) -> int:
+        """Sections whose every stage ran as one task (none, when the records of the
+        types were written as more than one file: their scans are parallel)."""
+        return sum(1 for n in self.tasks.values() if n <= 1)
 
     @property
     def malformed_total(self) -> int:
@@ -102,7 +110,7 @@ def _analyze(spark: SparkSession, trace_dir: Path, out: Path, window_ms: float) 
                 ", ".join(f"{k} {v}" for k, v in traces.malformed.counts.items() if v),
             )
         first = [overview.overview_section(traces), overview.malformed_section(traces)]
-        sections, rendered = _run(spark, traces.source(window_ms), first)
+        sections, rendered, tasks = _run(spark, traces.frames(window_ms), first)
     finally:
         traces.release()
     jobs_at = time.perf_counter()
@@ -119,6 +127,7 @@ def _analyze(spark: SparkSession, trace_dir: Path, out: Path, window_ms: float) 
         "tables": [t.name for s in sections for t in s.tables],
         "plots": [p.name for s in sections for p in s.plots],
         "empty_sections": [s.key for s in sections if s.empty],
+        "section_tasks": tasks,
     }
     report = write_report(
         out, f"agiledart trace analysis: {trace_dir.name}", sections, summary, rendered
@@ -131,6 +140,7 @@ def _analyze(spark: SparkSession, trace_dir: Path, out: Path, window_ms: float) 
         malformed=dict(traces.malformed.counts),
         seconds=time.perf_counter() - started,
         sections=sections,
+        tasks=tasks,
         timings={
             "read_s": round(read_at - started, 2),
             "jobs_s": round(jobs_at - read_at, 2),
@@ -140,20 +150,24 @@ def _analyze(spark: SparkSession, trace_dir: Path, out: Path, window_ms: float) 
 
 
 def _run(
-    spark: SparkSession, source: Source, first: list[Section]
-) -> tuple[list[Section], list[Rendered]]:
-    """Run one Spark job per section (:mod:`~agiledart.analysis.sections`), the costliest
-    first, a few submitted at once so that the cores stay busy, and render each section
+    spark: SparkSession, frames: Frames, first: list[Section]
+) -> tuple[list[Section], list[Rendered], dict[str, int]]:
+    """Run each section's queries (:mod:`~agiledart.analysis.sections`), the costliest
+    first, a few sections at once so that the executors stay busy, and render each
     (its CSV text and PNG images, on one thread: matplotlib is not thread-safe) as soon
-    as it is done, while later jobs still run. ``first`` are computed already."""
+    as it is done, while later ones still run. ``first`` are computed already. Also
+    returns the Spark tasks each section's jobs ran, per stage at most (see
+    :attr:`Analysis.tasks`)."""
     from agiledart.analysis.plots import of_section
     from agiledart.analysis.report import render
     from agiledart.analysis.sections import SECTIONS, by_cost, compute
 
+    context = spark.sparkContext
+    run_id = uuid.uuid4().hex[:8]
+
     def job(key: str) -> Section:
-        spark.sparkContext.setJobDescription(f"agiledart analyze: {key}")
-        task = functools.partial(compute, source=source)
-        (section,) = spark.sparkContext.parallelize([key], 1).map(task).collect()
+        context.setJobGroup(f"agiledart-{run_id}-{key}", f"agiledart analyze: {key}")
+        section = compute(key, frames)
         section.plots[:] = of_section(section)
         return section
 
@@ -164,17 +178,36 @@ def _run(
     ):
         sections = {s.key: s for s in first}
         rendering = {s.key: painter.submit(render, s) for s in first}
-        running = {pool.submit(job, key): key for key in by_cost(source)}
+        log.info("0/%d sections", len(SECTIONS))
+        running = {pool.submit(job, key): key for key in by_cost(frames)}
         try:
-            for n, done in enumerate(as_completed(running), start=len(first) + 1):
+            for n, done in enumerate(as_completed(running), start=1):
                 section = done.result()
                 sections[section.key] = section
                 rendering[section.key] = painter.submit(render, section)
-                log.info("%d/%d sections: %s", n, len(order), section.title)
+                log.info("%d/%d sections: %s", n, len(SECTIONS), section.title)
         except BaseException:
             pool.shutdown(cancel_futures=True)
             raise
-        return [sections[k] for k in order], [rendering[k].result() for k in order]
+        tasks = {key: _widest_stage(context, f"agiledart-{run_id}-{key}") for key in SECTIONS}
+        return (
+            [sections[k] for k in order],
+            [rendering[k].result() for k in order],
+            {k: n for k, n in tasks.items() if n},
+        )
+
+
+def _widest_stage(context: Any, group: str) -> int:
+    """The most tasks any stage of the job group's jobs ran (0: no job ran)."""
+    tracker = context.statusTracker()
+    widest = 0
+    for job_id in tracker.getJobIdsForGroup(group):
+        info = tracker.getJobInfo(job_id)
+        for stage_id in info.stageIds if info is not None else []:
+            stage = tracker.getStageInfo(stage_id)
+            if stage is not None:
+                widest = max(widest, stage.numTasks)
+    return widest
 
 
 def _clear(out: Path) -> None:

@@ -1,9 +1,10 @@
-"""The report's sections that Spark computes, each one job: what its task runs.
+"""The report's sections that Spark computes: the queries of each, over all partitions.
 
-A task (in Spark's Python worker) reads the Arrow files of the record types it needs
-(:class:`~agiledart.analysis.columns.Source`) and returns its
-:class:`~agiledart.analysis.model.Section` with its tables, which Spark pickles back to
-the driver; the driver draws the figures (:func:`~agiledart.analysis.plots.of_section`).
+A section (:mod:`~agiledart.analysis.metrics`, :mod:`~agiledart.analysis.routing`,
+:mod:`~agiledart.analysis.placement`, :mod:`~agiledart.analysis.timelines`) runs a few
+Spark SQL queries over the Parquet records of its types
+(:class:`~agiledart.analysis.frames.Frames`) and brings back only its final tables; the
+driver draws the figures (:func:`~agiledart.analysis.plots.of_section`).
 """
 
 from __future__ import annotations
@@ -11,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from agiledart.analysis import metrics, placement, routing, timelines
-from agiledart.analysis.columns import Source
+from agiledart.analysis.frames import Frames
 from agiledart.analysis.model import Section
 
 __all__ = ["SECTIONS", "by_cost", "compute"]
 
 #: the sections in report order (after the overview and the malformed lines): what
 #: computes each, and the record type it reads (to start the costliest first)
-SECTIONS: dict[str, tuple[Callable[[Source], Section], str]] = {
+SECTIONS: dict[str, tuple[Callable[[Frames], Section], str]] = {
     "latency": (metrics.latency_section, "tuple"),
     "throughput": (metrics.throughput_section, "opstats"),
     "routing": (routing.routing_section, "delivery"),
@@ -32,11 +33,11 @@ SECTIONS: dict[str, tuple[Callable[[Source], Section], str]] = {
 }
 
 
-def by_cost(source: Source) -> list[str]:
+def by_cost(frames: Frames) -> list[str]:
     """The sections, the one with most records first (what the cores are kept busy by)."""
-    return sorted(SECTIONS, key=lambda key: -source.counts.get(SECTIONS[key][1], 0))
+    return sorted(SECTIONS, key=lambda key: -frames.counts.get(SECTIONS[key][1], 0))
 
 
-def compute(key: str, source: Source) -> Section:
-    """Compute section ``key`` (the Spark task)."""
-    return SECTIONS[key][0](source)
+def compute(key: str, frames: Frames) -> Section:
+    """Compute section ``key`` (its Spark jobs, from the driver)."""
+    return SECTIONS[key][0](frames)

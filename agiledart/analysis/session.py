@@ -53,6 +53,12 @@ logger.spark.level = error
 #: cores than G1's concurrent threads (10 million trace rows: jobs 42 s with G1, 32 s)
 _JVM = "-XX:-DontCompileHugeMethods -XX:+UseParallelGC"
 
+#: shuffle partitions per core of the cluster, unless ``spark.sql.shuffle.partitions`` is given
+PARTITIONS_PER_CORE = 4
+
+#: the Python workers' environment when their memory is limited
+LIMITED_PYTHON_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2"}
+
 #: defaults for a local run; ``conf`` given to :func:`spark_session` overrides them
 LOCAL_DEFAULTS: dict[str, str] = {
     "spark.driver.memory": "3g",
@@ -100,6 +106,12 @@ def spark_session(
     if master is None or master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     settings = {**DEFAULTS, **(LOCAL_DEFAULTS if master is None else {}), **(conf or {})}
+    if "spark.executor.pyspark.memory" in settings:
+        # a limit on the Python workers' address space: allocators that reserve little
+        # more than they use (Arrow's own pool and glibc's per-thread arenas reserve
+        # hundreds of MB that the limit counts)
+        for key, value in LIMITED_PYTHON_ENV.items():
+            settings.setdefault(f"spark.executorEnv.{key}", value)
     with tempfile.TemporaryDirectory(prefix="agiledart-spark-") as tmp:
         log4j = Path(tmp) / "log4j2.properties"
         log4j.write_text(_LOG4J)
@@ -122,6 +134,11 @@ def spark_session(
             raise SparkUnavailableError(msg) from exc
         try:
             spark.sparkContext.setLogLevel("ERROR")
+            if "spark.sql.shuffle.partitions" not in settings:
+                # Spark's 200 makes 200 tasks of every merge of a few thousand groups;
+                # a few per core, spilled when large (set it higher for huge traces)
+                partitions = max(2, PARTITIONS_PER_CORE * spark.sparkContext.defaultParallelism)
+                spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
             yield spark
         finally:
             spark.stop()

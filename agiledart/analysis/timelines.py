@@ -8,14 +8,10 @@ phase), and the durations the peers measured.
 
 from __future__ import annotations
 
-from typing import Any
+from pyspark.sql import functions as F
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from agiledart.analysis.columns import Source, floats, groups, joined, ordered, sorted_rows
-from agiledart.analysis.model import Section, Table
+from agiledart.analysis.frames import Frames, collect
+from agiledart.analysis.model import Section
 
 __all__ = ["checkpoint_section", "peer_section", "recovery_section", "scaling_section"]
 
@@ -23,185 +19,113 @@ PHASES = ("detected", "restored", "resumed")
 DECISIONS = ("up", "down", "hold", "scale-out", "migrate")
 
 
-def _timed(source: Source, kind: str, *columns: str) -> pa.Table:
-    """``t_s`` (seconds since the trace's start) and ``columns`` of the ``kind`` records."""
-    records = source.table(kind)
-    return records.select(list(columns)).add_column(0, "t_s", [source.seconds(records["ts"])])
-
-
-def _is(column: pa.ChunkedArray, value: str) -> np.ndarray:
-    return np.asarray(pc.fill_null(pc.equal(column, value), False).to_numpy(), dtype=bool)
-
-
-def scaling_section(source: Source) -> Section:
+def scaling_section(frames: Frames) -> Section:
     section = Section("scaling", "Scaling", ("scaling",))
-    if not source.has("scaling"):
+    if not frames.has("scaling"):
         return section
-    columns = ("app", "operator", "peer", "health", "instances", "target", "decision")
-    decisions = _timed(source, "scaling", *columns)
-    by = groups(decisions["app"], decisions["operator"])
-    ts = floats(decisions["t_s"])
-    instances = floats(decisions["instances"])
-    health = floats(decisions["health"])
-    per_decision = [by.count(_is(decisions["decision"], d)).tolist() for d in DECISIONS]
-    summary = [
-        (*key, n, *(c[i] for c in per_decision), _int(low), _int(high), last, mean, latest)
-        for i, (key, n, low, high, last, mean, latest) in enumerate(
-            zip(
-                by.keys,
-                by.count().tolist(),
-                by.extreme(instances, np.minimum),
-                by.extreme(instances, np.maximum),
-                by.last(decisions["instances"], ts),
-                by.mean(health),
-                by.last(decisions["health"], ts),
-                strict=True,
-            )
+    decisions = frames.records("scaling")
+    timeline = collect(
+        decisions.select(
+            frames.t_s(), "app", "operator", "peer", "health", "instances", "target", "decision"
+        ).orderBy("app", "operator", "t_s"),
+        "scaling",
+        "Scaling decisions (health and instances over time)",
+    )
+    summary = collect(
+        decisions.groupBy("app", "operator")
+        .agg(
+            F.count(F.lit(1)).alias("decisions"),
+            *(F.count_if(F.col("decision") == d).alias(d) for d in DECISIONS),
+            F.min("instances").alias("instances_min"),
+            F.max("instances").alias("instances_max"),
+            F.max_by("instances", "ts").alias("instances_last"),
+            F.mean("health").alias("health_mean"),
+            F.max_by("health", "ts").alias("health_last"),
         )
-    ]
-    section.tables += [
-        Table(
-            "scaling_summary",
-            "Scaling per operator",
-            [
-                "app",
-                "operator",
-                "decisions",
-                *DECISIONS,
-                "instances_min",
-                "instances_max",
-                "instances_last",
-                "health_mean",
-                "health_last",
-            ],
-            ordered(summary, 0, 1),
-        ),
-        Table(
-            "scaling",
-            "Scaling decisions (health and instances over time)",
-            ["t_s", *columns],
-            sorted_rows(decisions, "app", "operator", "t_s"),
-        ),
-    ]
+        .orderBy("app", "operator"),
+        "scaling_summary",
+        "Scaling per operator",
+    )
+    section.tables += [summary, timeline]
     return section
 
 
-def _int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def recovery_section(source: Source) -> Section:
+def recovery_section(frames: Frames) -> Section:
     section = Section("recovery", "Failure recovery", ("recovery",))
-    if not source.has("recovery"):
+    if not frames.has("recovery"):
         return section
-    columns = ("app", "dead_peer", "epoch", "phase", "duration_ms")
-    events = _timed(source, "recovery", *columns, "operators")
-    at = events.schema.get_field_index("operators")
-    events = events.set_column(at, "operators", joined(events["operators"], " "))
-    by = groups(events["app"], events["dead_peer"])
-    t_s, took = floats(events["t_s"]), floats(events["duration_ms"])
-    first = {
-        p: by.extreme(np.where(_is(events["phase"], p), t_s, np.nan), np.minimum) for p in PHASES
-    }
-    longest = {
-        p: by.extreme(np.where(_is(events["phase"], p), took, np.nan), np.maximum)
+    events = frames.records("recovery").select(
+        frames.t_s(),
+        "ts",
+        "app",
+        "dead_peer",
+        "epoch",
+        "phase",
+        "duration_ms",
+        F.array_join("operators", " ").alias("operators"),
+    )
+    log = collect(events.drop("ts").orderBy("t_s", "app"), "recovery_events", "Recovery events")
+    first = [F.min(F.when(F.col("phase") == p, F.col("t_s"))).alias(f"{p}_s") for p in PHASES]
+    took = [
+        F.max(F.when(F.col("phase") == p, F.col("duration_ms"))).alias(f"{p}_ms")
         for p in PHASES[1:]
-    }
-    epochs = by.extreme(floats(events["epoch"]), np.maximum)
-    incidents = []
-    for i, key in enumerate(by.keys):
-        detected, resumed = first["detected"][i], first["resumed"][i]
-        incidents.append(
-            (
-                *key,
-                *(first[p][i] for p in PHASES),
-                *(longest[p][i] for p in PHASES[1:]),
-                _int(epochs[i]),
-                None if detected is None or resumed is None else resumed - detected,
-            )
-        )
-    section.tables += [
-        Table(
-            "recovery_incidents",
-            "Recovery incidents (one per app and dead peer)",
-            [
-                "app",
-                "dead_peer",
-                *(f"{p}_s" for p in PHASES),
-                *(f"{p}_ms" for p in PHASES[1:]),
-                "epoch",
-                "detect_to_resume_s",
-            ],
-            ordered(incidents, 2, 0, 1),
-        ),
-        Table(
-            "recovery_events",
-            "Recovery events",
-            ["t_s", *columns, "operators"],
-            sorted_rows(events, "t_s", "app"),
-        ),
     ]
+    incidents = collect(
+        events.groupBy("app", "dead_peer")
+        .agg(*first, *took, F.max("epoch").alias("epoch"))
+        .withColumn("detect_to_resume_s", F.col("resumed_s") - F.col("detected_s"))
+        .orderBy("detected_s", "app", "dead_peer"),
+        "recovery_incidents",
+        "Recovery incidents (one per app and dead peer)",
+    )
+    section.tables += [incidents, log]
     return section
 
 
-def checkpoint_section(source: Source) -> Section:
+def checkpoint_section(frames: Frames) -> Section:
     section = Section("checkpoints", "Checkpoints", ("checkpoint",))
-    if not source.has("checkpoint"):
+    if not frames.has("checkpoint"):
         return section
-    columns = ("app", "peer", "epoch", "bytes", "duration_ms", "m", "k", "committed")
-    checkpoints = _timed(source, "checkpoint", *columns)
-    by = groups(checkpoints["app"])
-    committed = np.asarray(pc.fill_null(checkpoints["committed"], False).to_numpy(), dtype=bool)
-    took = floats(checkpoints["duration_ms"])
-    summary = [
-        (*key, n, c, _int(last), size, mean, longest)
-        for key, n, c, last, size, mean, longest in zip(
-            by.keys,
-            by.count().tolist(),
-            by.count(committed).tolist(),
-            by.extreme(floats(checkpoints["epoch"]), np.maximum),
-            by.mean(floats(checkpoints["bytes"])),
-            by.mean(took),
-            by.extreme(took, np.maximum),
-            strict=True,
+    checkpoints = frames.records("checkpoint")
+    summary = collect(
+        checkpoints.groupBy("app")
+        .agg(
+            F.count(F.lit(1)).alias("checkpoints"),
+            F.count_if("committed").alias("committed"),
+            F.max("epoch").alias("last_epoch"),
+            F.mean("bytes").alias("bytes_mean"),
+            F.mean("duration_ms").alias("duration_ms_mean"),
+            F.max("duration_ms").alias("duration_ms_max"),
         )
-    ]
-    section.tables += [
-        Table(
-            "checkpoint_summary",
-            "Checkpoints per app",
-            [
-                "app",
-                "checkpoints",
-                "committed",
-                "last_epoch",
-                "bytes_mean",
-                "duration_ms_mean",
-                "duration_ms_max",
-            ],
-            ordered(summary, 0),
-        ),
-        Table(
-            "checkpoints", "Checkpoints", ["t_s", *columns], sorted_rows(checkpoints, "t_s", "app")
-        ),
-    ]
+        .orderBy("app"),
+        "checkpoint_summary",
+        "Checkpoints per app",
+    )
+    log = collect(
+        checkpoints.select(
+            frames.t_s(), "app", "peer", "epoch", "bytes", "duration_ms", "m", "k", "committed"
+        ).orderBy("t_s", "app"),
+        "checkpoints",
+        "Checkpoints",
+    )
+    section.tables += [summary, log]
     return section
 
 
-def peer_section(source: Source) -> Section:
+def peer_section(frames: Frames) -> Section:
     section = Section("peers", "Membership", ("peer",))
-    if not source.has("peer"):
+    if not frames.has("peer"):
         return section
-    events = _timed(source, "peer", "peer", "event", "subject", "zone")
-    by = groups(events["event"])
-    counts = [(*key, n) for key, n in zip(by.keys, by.count().tolist(), strict=True)]
-    section.tables += [
-        Table("peer_event_counts", "Membership events", ["event", "records"], ordered(counts, 0)),
-        Table(
-            "peer_events",
-            "Membership events (who saw what)",
-            ["t_s", "peer", "event", "subject", "zone"],
-            sorted_rows(events, "t_s", "peer"),
-        ),
-    ]
+    events = frames.records("peer")
+    summary = collect(
+        events.groupBy("event").agg(F.count(F.lit(1)).alias("records")).orderBy("event"),
+        "peer_event_counts",
+        "Membership events",
+    )
+    log = collect(
+        events.select(frames.t_s(), "peer", "event", "subject", "zone").orderBy("t_s", "peer"),
+        "peer_events",
+        "Membership events (who saw what)",
+    )
+    section.tables += [summary, log]
     return section

@@ -206,14 +206,14 @@ def test_records_are_handed_on_as_they_pile_up_and_counted_once(tmp_path: Path) 
     assert _rows(merged) == _rows(whole)
 
 
-def test_a_task_writes_one_arrow_file_per_type(tmp_path: Path) -> None:
-    import pyarrow.ipc as ipc
+def test_a_task_writes_one_parquet_file_per_type(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
 
     path = _trace(tmp_path / "traces")
     done = parse.write_piece(3, parse.Piece(str(path), 0, -1), str(tmp_path / "parts"))
     whole = _rows(parse.read_piece(parse.Piece(str(path), 0, -1)))
     for kind, rows in whole.items():
-        table = ipc.open_file(tmp_path / "parts" / kind / "part-000003.arrow").read_all()
+        table = pq.read_table(tmp_path / "parts" / kind / "part-000003.parquet")
         assert table.to_pylist() == rows
         assert sum(n for (k, _), (n, _, _) in done["tally"].items() if k == kind) == len(rows)
     assert done["malformed"] == {}

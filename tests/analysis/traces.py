@@ -12,7 +12,7 @@ from typing import Any
 
 from agiledart.traces import TraceSchemaError, check, trace_files
 
-__all__ = ["close", "read_csv", "records", "valid_records"]
+__all__ = ["close", "percentile_fits", "read_csv", "records", "valid_records"]
 
 
 def _lines(path: Path) -> Iterator[str]:
@@ -63,3 +63,24 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 def close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6)
+
+
+def percentile_fits(shown: str | float | None, values: list[float], q: float) -> bool:
+    """Whether ``shown`` is the ``q``-quantile of ``values`` as the analysis states it:
+    withheld (empty) below ``MIN_SAMPLES`` values, else one of the values whose rank is
+    within ``len(values) / ACCURACY`` (and the rounding of one rank) of ``q * n``."""
+    from agiledart.analysis.frames import ACCURACY, MIN_SAMPLES
+
+    n = len(values)
+    if n < MIN_SAMPLES:
+        return shown in ("", None)
+    if shown in ("", None):
+        return False
+    got = float(shown)  # type: ignore[arg-type]
+    matches = [v for v in values if close(v, got)]
+    if not matches:
+        return False
+    below = sum(1 for v in values if v < min(matches))
+    at_or_below = below + len(matches)
+    slack = n / ACCURACY + 1
+    return below - slack <= q * n <= at_or_below + slack

@@ -1,4 +1,6 @@
-"""scripts/bench_analyze.py keeps its output contract (a quick run: 20,000 lines)."""
+"""scripts/bench_analyze.py keeps its output contract (a quick run: 20,000 lines), with
+the local[1] run, the scaling efficiency, the executors' peak memory and the sections
+that ran as one task (none)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("pyspark", reason="the analysis extra is not installed")
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(600)]
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_analyze.py"
 
@@ -21,7 +23,7 @@ def test_a_quick_run_reports_rows_per_second_beside_its_anchors() -> None:
         check=True,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=580,
     )
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["rows"] >= 20_000
@@ -31,3 +33,10 @@ def test_a_quick_run_reports_rows_per_second_beside_its_anchors() -> None:
     assert report["parse_rows_per_s"] > 0
     for key in ("read_s", "jobs_s", "report_s"):
         assert report[key] >= 0, key
+    assert report["rows_per_s_local1"] > 0
+    assert report["scaling_efficiency"] == pytest.approx(
+        report["rows_per_s"] / (2 * report["rows_per_s_local1"]), abs=0.002
+    )
+    assert report["peak_executor_mb"] > 100  # a JVM at least
+    assert report["single_task_sections"] == 0
+    assert len(report["section_tasks"]) == 10

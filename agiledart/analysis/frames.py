@@ -1,0 +1,85 @@
+"""The parsed records as Spark DataFrames: what every section's queries run on.
+
+Theory of operation: the reader's tasks write the valid records of each type as
+Parquet files under ``<parts>/<type>/`` (one or a few per piece of a trace file, in the
+output directory, which every executor reaches). A section is a few Spark SQL queries
+over :meth:`Frames.records`: the files are scanned in parallel partitions, the
+aggregations run partially in every partition and are merged after a shuffle, windows
+(running sums, a previous sample) sort spillably per series, and percentiles are
+Spark's ``percentile_approx`` (a Greenwald-Khanna sketch per group, of bounded size).
+No section's records ever have to fit in one executor or in the driver; only the final
+tables come back, through Arrow (:func:`collect`).
+
+**Percentiles** are approximate with :data:`ACCURACY`: the value returned for quantile
+``q`` of ``n`` values is one of them, whose rank is within ``n / ACCURACY`` of
+``q * n`` (for fewer than ``ACCURACY / 2`` values, an exact rank: the smallest value
+with at least ``q * n`` values at or below it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from agiledart.analysis.model import Table
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["ACCURACY", "MIN_SAMPLES", "Frames", "collect", "percentiles"]
+
+#: ``percentile_approx``'s accuracy: a rank error of at most 1 / ACCURACY of the values
+ACCURACY = 10_000
+#: a percentile of fewer samples than this is withheld (shown empty): the tail it would
+#: describe is a handful of records
+MIN_SAMPLES = 20
+
+
+@dataclass(frozen=True)
+class Frames:
+    """Where one analysis's records are, and what the reader learned of them."""
+
+    spark: SparkSession
+    parts: Path
+    """``<type>/part-NNNNNN-NNN.parquet``: the valid records of each type."""
+    counts: dict[str, int]
+    writer_peers: list[str]
+    t0_ms: float | None
+    t1_ms: float | None
+    window_ms: float
+
+    def has(self, kind: str) -> bool:
+        return self.counts.get(kind, 0) > 0
+
+    def records(self, kind: str) -> DataFrame:
+        """Every valid ``kind`` record (there must be some: :meth:`has`)."""
+        return self.spark.read.parquet(str(self.parts / kind))
+
+    def t_s(self) -> Column:
+        """``ts`` in seconds since the trace's first record, as ``t_s``."""
+        return ((F.col("ts") - F.lit(self.t0_ms or 0.0)) / 1000.0).alias("t_s")
+
+    def window(self) -> Column:
+        """The window index of a record (its ``ts``), counted from the trace's start."""
+        start = F.lit(self.t0_ms or 0.0)
+        return F.floor((F.col("ts") - start) / F.lit(self.window_ms)).cast("long")
+
+
+def percentiles(column: str, qs: Sequence[float], count: Column | None = None) -> list[Column]:
+    """Aggregates: the ``qs``-quantiles of ``column``'s non-null values, each withheld
+    (null) where ``count`` (default: the non-null values) is below :data:`MIN_SAMPLES`."""
+    approx = F.percentile_approx(F.col(column).cast("double"), list(qs), ACCURACY)
+    enough = (F.count(column) if count is None else count) >= MIN_SAMPLES
+    return [F.when(enough, approx[i]) for i in range(len(qs))]
+
+
+def collect(frame: DataFrame, name: str, title: str) -> Table:
+    """Run ``frame`` and keep its rows as a :class:`Table` (through Arrow: a log table
+    of every record of a type can have hundreds of thousands of rows)."""
+    columns = [column.to_pylist() for column in frame.toArrow().columns]
+    rows = list(zip(*columns, strict=True)) if columns else []
+    return Table(name=name, title=title, columns=list(frame.columns), rows=rows)
