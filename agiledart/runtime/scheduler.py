@@ -69,6 +69,8 @@ APPS_INDEX = record_key("index", "apps")
 LIVE_STATES = ("deploying", "running")
 #: ended apps (finished, failed, stopped) a scheduler keeps in memory, the newest; it
 #: reads older ones back from the DHT when asked about them
+REVISIT_S = 5.0  #: seconds between checks of a scheduler whose adoption was declined
+REVISITS = 24  #: checks, at most
 ENDED_KEPT = 256
 
 
@@ -218,6 +220,7 @@ class Scheduler:
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         #: apps whose end is being recorded (their final statistics being gathered)
         self._ending: dict[str, asyncio.Event] = {}
+        self._revisiting: set[str] = set()  #: dead schedulers whose adoption waits
 
     # -- submit -----------------------------------------------------------------------
 
@@ -711,6 +714,9 @@ class Scheduler:
                 # declared dead by a peer that was cut off, or by one that lost it for a
                 # moment: adopting would give the app two schedulers
                 log.warning("not adopting app %s: %s still schedules it", rec.app_id, dead)
+                if dead not in self._revisiting:
+                    self._revisiting.add(dead)
+                    self._spawn(self._revisit(dead, rec.scheduler, rec.app_id))
                 continue
             log.info("adopting app %s: its scheduler %s died", rec.app_id, dead)
             rec.scheduler, rec.scheduler_name = self.address(), self.name
@@ -741,6 +747,21 @@ class Scheduler:
         hosts = sorted(p for p in rec.hosts() if p != self.name)
         answers = await asyncio.gather(*(self._answers(rec, p) for p in hosts))
         return [p for p, ok in zip(hosts, answers, strict=True) if not ok]
+
+    async def _revisit(self, dead: str, address: Address, app_id: str) -> None:
+        """An adoption declined because ``dead`` still answered is tried again once it
+        stops answering: a peer declared dead a moment before it really died never
+        comes back to be declared dead again, so nobody else would adopt its apps."""
+        try:
+            for _ in range(REVISITS):
+                await asyncio.sleep(REVISIT_S)
+                if not await self.still_scheduled(address, app_id):
+                    break
+            else:
+                return
+        finally:
+            self._revisiting.discard(dead)
+        await self.adopt_from(dead)
 
     def schedules(self, app_id: str) -> bool:
         """Whether this peer schedules ``app_id`` and it is live."""
