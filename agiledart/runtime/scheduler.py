@@ -710,6 +710,8 @@ class Scheduler:
                 continue
             if rec.state not in LIVE_STATES or rec.scheduler_name != dead:
                 continue
+            if self.schedules(rec.app_id):
+                continue  # adopted here already, or this peer never stopped scheduling it
             if await self.still_scheduled(rec.scheduler, rec.app_id):
                 # declared dead by a peer that was cut off, or by one that lost it for a
                 # moment: adopting would give the app two schedulers

@@ -255,10 +255,12 @@ class AppRuntime:
     async def _take_apps_back(self, joined: asyncio.Event) -> None:
         """A peer restarted (same state dir, same name) before the ring declared it
         dead finds apps in the records store that still name it as their scheduler;
-        nobody else will adopt them, so it does, as a dead scheduler's neighbour would
-        (their instances report here again, or they restart without what ran here).
-        The ring may take a moment to route records to their owners after the join:
-        asked a few times."""
+        nobody else will adopt them, so it does itself, as a dead scheduler's
+        neighbour would (their instances report here again, or they restart without
+        what ran here). Apps it schedules already (submitted since it started) are
+        left alone, and no other peer is asked: a peer that answers for these apps must
+        not have them adopted elsewhere. The ring may take a moment to route records to
+        their owners after the join: asked a few times."""
         await joined.wait()
         for _ in range(TAKE_BACK_TRIES):
             await asyncio.sleep(TAKE_BACK_WAIT_S)
@@ -271,9 +273,8 @@ class AppRuntime:
                 break
         else:
             return
-        adopt = self.adopter or self.scheduler.adopt_from
         try:
-            await adopt(self.name)
+            await self.scheduler.adopt_from(self.name)
         except AgiledartError as exc:
             log.warning("could not take back the apps this peer scheduled: %s", exc)
 

@@ -91,3 +91,39 @@ def test_a_declined_adoption_is_tried_again_once_the_scheduler_stops_answering(
 
     asyncio.run(run())
     assert all(a == ("127.0.0.1", 1) for a in asked)
+
+
+def test_a_peer_never_adopts_an_app_it_schedules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chaos seeds 28, 32, 38 (fifth run): a peer that had just scheduled apps read its
+    own ``scheduling`` record when it started (the take-back of a restarted scheduler),
+    had another peer try to adopt them, which declined (the scheduler answered) and
+    kept watching it: a second adopter racing the real one once it died."""
+    store = Store()
+    rec = running_record("q-0")  # scheduled by edge-1, and edge-1 is this peer
+    store.data[record_key("scheduling", "edge-1")] = ["q-0"]
+    store.data[record_key("app", "q-0")] = rec.to_wire()
+
+    async def no_stats(peer: str) -> None:
+        return None
+
+    s = Scheduler(
+        name="edge-1",
+        address=lambda: ("127.0.0.1", 1),
+        records=store,  # type: ignore[arg-type]
+        links=None,  # type: ignore[arg-type]
+        code=None,  # type: ignore[arg-type]
+        directory=None,  # type: ignore[arg-type]
+        stats_of=no_stats,
+    )
+    s.apps["q-0"] = rec
+    asked: list[Address] = []
+
+    async def still_scheduled(address: Address, app_id: str) -> bool:
+        asked.append(address)
+        return s.schedules(app_id)
+
+    monkeypatch.setattr(s, "still_scheduled", still_scheduled)
+    asyncio.run(s.adopt_from("edge-1"))
+    assert asked == []
+    assert s.apps["q-0"] is rec
+    assert not s._revisiting
