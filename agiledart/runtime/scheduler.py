@@ -67,10 +67,10 @@ __all__ = ["AppRecord", "PeerDirectory", "Scheduler", "SchedulerRole", "path_pee
 
 APPS_INDEX = record_key("index", "apps")
 LIVE_STATES = ("deploying", "running")
-#: ended apps (finished, failed, stopped) a scheduler keeps in memory, the newest; it
-#: reads older ones back from the DHT when asked about them
 REVISIT_S = 5.0  #: seconds between checks of a scheduler whose adoption was declined
 REVISITS = 24  #: checks, at most
+#: ended apps (finished, failed, stopped) a scheduler keeps in memory, the newest; it
+#: reads older ones back from the DHT when asked about them
 ENDED_KEPT = 256
 
 
