@@ -85,6 +85,8 @@ def utc_day(t: float) -> datetime.date:
 LIVE_STATES = ("deploying", "running")
 #: seconds a dead source's or sink's peer is waited for (see Scheduler.recover)
 PINNED_GRACE_S = 20.0
+REVISIT_S = 5.0  #: seconds between checks of a scheduler whose adoption was declined
+REVISITS = 24  #: checks, at most
 #: ended apps (finished, failed, stopped) a scheduler keeps in memory, the newest; it
 #: reads older ones back from the DHT when asked about them
 ENDED_KEPT = 256
@@ -250,6 +252,7 @@ class Scheduler:
         #: how long the peer of a source or sink that died is waited for before its
         #: apps fail (it keeps its part if it restarts meanwhile)
         self.pinned_grace_s = PINNED_GRACE_S
+        self._revisiting: set[str] = set()  #: dead schedulers whose adoption waits
 
     # -- submit -----------------------------------------------------------------------
 
@@ -819,10 +822,15 @@ class Scheduler:
                 continue
             if rec.state not in LIVE_STATES or rec.scheduler_name != dead:
                 continue
+            if self.schedules(rec.app_id):
+                continue  # adopted here already, or this peer never stopped scheduling it
             if await self.still_scheduled(rec.scheduler, rec.app_id):
                 # declared dead by a peer that was cut off, or by one that lost it for a
                 # moment: adopting would give the app two schedulers
                 log.warning("not adopting app %s: %s still schedules it", rec.app_id, dead)
+                if dead not in self._revisiting:
+                    self._revisiting.add(dead)
+                    self._spawn(self._revisit(dead, rec.scheduler, rec.app_id))
                 continue
             log.info("adopting app %s: its scheduler %s died", rec.app_id, dead)
             rec.scheduler, rec.scheduler_name = self.address(), self.name
@@ -883,6 +891,21 @@ class Scheduler:
                 except AgiledartError as exc:
                     await self._fail(rec, f"resuming after a restart failed: {exc}")
         return resumed
+
+    async def _revisit(self, dead: str, address: Address, app_id: str) -> None:
+        """An adoption declined because ``dead`` still answered is tried again once it
+        stops answering: a peer declared dead a moment before it really died never
+        comes back to be declared dead again, so nobody else would adopt its apps."""
+        try:
+            for _ in range(REVISITS):
+                await asyncio.sleep(REVISIT_S)
+                if not await self.still_scheduled(address, app_id):
+                    break
+            else:
+                return
+        finally:
+            self._revisiting.discard(dead)
+        await self.adopt_from(dead)
 
     def schedules(self, app_id: str) -> bool:
         """Whether this peer schedules ``app_id`` and it is live."""

@@ -299,8 +299,10 @@ class AppRuntime:
         """A peer restarted (same state dir, same name) before the ring declared it
         dead finds apps in the records store that still name it as their scheduler;
         nobody else will adopt them, so it resumes them (from their last checkpoint,
-        keeping what ran here). The ring may take a moment to route records to their
-        owners after the join: asked a few times."""
+        keeping what ran here). Apps it schedules already (submitted since it started)
+        are left alone, and no other peer is asked: a peer that answers for these apps
+        must not have them adopted elsewhere. The ring may take a moment to route
+        records to their owners after the join: asked a few times."""
         for _ in range(TAKE_BACK_TRIES):
             await asyncio.sleep(TAKE_BACK_WAIT_S)
             try:

@@ -1,0 +1,129 @@
+"""Found by the chaos soak (seed 28: an app's scheduler and a host killed together, on a
+loaded machine): a peer declared the scheduler dead a moment before it really died,
+asked it whether it still scheduled its apps, heard yes, and declined to adopt them.
+The scheduler then died without ever coming back, so nobody declared it dead again and
+its apps were never adopted. A declined adoption is now tried again once the old
+scheduler stops answering."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+from support.apps import running_record
+
+from agiledart.runtime import scheduler as scheduling
+from agiledart.runtime.links import Address
+from agiledart.runtime.records import record_key
+from agiledart.runtime.scheduler import AppRecord, Scheduler
+
+
+class Store:
+    """The DHT records store, in a dict."""
+
+    def __init__(self) -> None:
+        self.data: dict[int, Any] = {}
+
+    async def put(self, key: int, value: Any) -> None:
+        self.data[key] = copy.deepcopy(value)
+
+    async def add(self, key: int, *members: Any) -> None:
+        self.data.setdefault(key, []).extend(members)
+
+    async def get(self, key: int) -> Any:
+        return copy.deepcopy(self.data.get(key))
+
+
+def test_a_declined_adoption_is_tried_again_once_the_scheduler_stops_answering(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(scheduling, "REVISIT_S", 0.01)
+    store = Store()
+    rec = running_record("q-0")  # scheduled by edge-1
+    store.data[record_key("scheduling", "edge-1")] = ["q-0"]
+    store.data[record_key("app", "q-0")] = rec.to_wire()
+
+    async def no_stats(peer: str) -> None:
+        return None
+
+    s = Scheduler(
+        name="sensor-1",
+        address=lambda: ("127.0.0.1", 2),
+        records=store,  # type: ignore[arg-type]
+        links=None,  # type: ignore[arg-type]
+        code=None,  # type: ignore[arg-type]
+        directory=None,  # type: ignore[arg-type]
+        stats_of=no_stats,
+    )
+    answering = [True]
+    asked: list[Address] = []
+    rebound: list[str] = []
+
+    async def still_scheduled(address: Address, app_id: str) -> bool:
+        asked.append(address)
+        return answering[0]
+
+    async def silent_hosts(rec: AppRecord) -> list[str]:
+        return []
+
+    async def rebind(rec: AppRecord) -> None:
+        rebound.append(rec.app_id)
+
+    monkeypatch.setattr(s, "still_scheduled", still_scheduled)
+    monkeypatch.setattr(s, "_silent_hosts", silent_hosts)
+    monkeypatch.setattr(s, "_rebind", rebind)
+
+    async def run() -> None:
+        await s.adopt_from("edge-1")  # edge-1 still answers: not adopted
+        assert "q-0" not in s.apps
+        await asyncio.sleep(0.05)
+        assert "q-0" not in s.apps  # asked again meanwhile, and still answered
+        answering[0] = False  # edge-1 is gone for good
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if rebound:
+                break
+        assert rebound == ["q-0"]
+        assert s.apps["q-0"].scheduler_name == "sensor-1"
+        assert store.data[record_key("scheduling", "sensor-1")] == ["q-0"]
+
+    asyncio.run(run())
+    assert all(a == ("127.0.0.1", 1) for a in asked)
+
+
+def test_a_peer_never_adopts_an_app_it_schedules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chaos seeds 28, 32, 38 (fifth run): a peer that had just scheduled apps read its
+    own ``scheduling`` record when it started (the take-back of a restarted scheduler),
+    had another peer try to adopt them, which declined (the scheduler answered) and
+    kept watching it: a second adopter racing the real one once it died."""
+    store = Store()
+    rec = running_record("q-0")  # scheduled by edge-1, and edge-1 is this peer
+    store.data[record_key("scheduling", "edge-1")] = ["q-0"]
+    store.data[record_key("app", "q-0")] = rec.to_wire()
+
+    async def no_stats(peer: str) -> None:
+        return None
+
+    s = Scheduler(
+        name="edge-1",
+        address=lambda: ("127.0.0.1", 1),
+        records=store,  # type: ignore[arg-type]
+        links=None,  # type: ignore[arg-type]
+        code=None,  # type: ignore[arg-type]
+        directory=None,  # type: ignore[arg-type]
+        stats_of=no_stats,
+    )
+    s.apps["q-0"] = rec
+    asked: list[Address] = []
+
+    async def still_scheduled(address: Address, app_id: str) -> bool:
+        asked.append(address)
+        return s.schedules(app_id)
+
+    monkeypatch.setattr(s, "still_scheduled", still_scheduled)
+    asyncio.run(s.adopt_from("edge-1"))
+    assert asked == []
+    assert s.apps["q-0"] is rec
+    assert not s._revisiting
