@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from support.apps import running_record
+from support.processes import free_port
 
 from agiledart.overlay.auth import ClusterKey
 from agiledart.peer import Peer, PeerConfig
@@ -21,7 +22,7 @@ KEY = ClusterKey.generate(random.Random("test-cluster-key-0123456789"))
 
 
 async def test_apps_lists_the_days_asked_for_newest_first(tmp_path: Path) -> None:
-    config = PeerConfig(listen=("127.0.0.1", 0), state_dir=tmp_path, workers=0, name="p")
+    config = PeerConfig(listen=("127.0.0.1", free_port()), state_dir=tmp_path, workers=0, name="p")
     async with Peer(config, KEY) as peer:
         records, scheduler = peer.runtime.records, peer.runtime.scheduler
         today = utc_day(time.time())

@@ -6,6 +6,7 @@ app submitted afterwards still finishes."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from agiledart.overlay.errors import PeerUnreachable
 from agiledart.overlay.tcp import FrameClient, RemoteError
 from agiledart.runtime.instance import Deployment
 from agiledart.runtime.records import record_key
+from agiledart.runtime.scheduler import apps_index, utc_day
 
 pytestmark = [pytest.mark.processes]
 
@@ -390,7 +392,7 @@ async def test_a_malformed_app_record_is_an_unknown_app_and_apps_still_lists(
     that app unknown, not every listing fail."""
     before = [await trouble(site, i) for i in range(site.peers)]
     app_key = f"{record_key('app', CORRUPT):040x}"
-    index_key = f"{record_key('index', 'apps'):040x}"
+    index_key = f"{apps_index(utc_day(time.time())):040x}"
     for i in range(site.peers):  # whoever owns the keys has them
         garbage = {"app_id": CORRUPT, "state": 5, "scheduler": "here", "final": []}
         await site.request(i, "kv_put", {"k": app_key, "v": 1, "value": garbage})

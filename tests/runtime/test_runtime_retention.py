@@ -23,11 +23,12 @@ class Store:
         self.data: dict[str, Any] = {}
         self.down = False
 
-    async def put(self, key: str, value: Any) -> None:
+    async def put(self, key: str, value: Any) -> bool:
         if self.down:
             msg = "no replica answered"
             raise AgiledartError(msg)
         self.data[key] = copy.deepcopy(value)
+        return True  # kept (the store's answer when no newer version is there)
 
     async def get(self, key: str) -> Any:
         return copy.deepcopy(self.data.get(key))

@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 
 import pytest
+from support.processes import free_port
 
 from agiledart.overlay.auth import ClusterKey
 from agiledart.peer import Peer, PeerConfig
@@ -19,7 +20,7 @@ KEY = ClusterKey.generate(random.Random("test-cluster-key-0123456789"))
 
 
 async def test_a_background_job_that_raises_never_ends_the_peer(tmp_path: Path) -> None:
-    config = PeerConfig(listen=("127.0.0.1", 0), state_dir=tmp_path, workers=0, name="p")
+    config = PeerConfig(listen=("127.0.0.1", free_port()), state_dir=tmp_path, workers=0, name="p")
     async with Peer(config, KEY) as peer:
 
         async def malformed_record() -> None:
@@ -56,7 +57,7 @@ SPEC = {
 async def test_a_submit_that_breaks_half_way_leaves_no_app_deploying(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = PeerConfig(listen=("127.0.0.1", 0), state_dir=tmp_path, workers=0, name="p")
+    config = PeerConfig(listen=("127.0.0.1", free_port()), state_dir=tmp_path, workers=0, name="p")
     async with Peer(config, KEY) as peer:
         scheduler = peer.runtime.scheduler
 
@@ -78,6 +79,6 @@ async def test_mqtt_logs_left_by_a_killed_peer_are_removed_at_start(tmp_path: Pa
     stale = tmp_path / "mqtt" / "plant-0a1b2c"
     stale.mkdir(parents=True)
     (stale / "0.log").write_bytes(b"x" * 1000)  # a kill -9 left it; nothing reads it again
-    config = PeerConfig(listen=("127.0.0.1", 0), state_dir=tmp_path, workers=0, name="p")
+    config = PeerConfig(listen=("127.0.0.1", free_port()), state_dir=tmp_path, workers=0, name="p")
     async with Peer(config, KEY):
         assert not (tmp_path / "mqtt").exists()

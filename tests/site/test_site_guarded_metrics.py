@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.processes import clusters, free_port, poll
 
 from agiledart.emulate import LocalCluster
+from agiledart.overlay.keys import make_key_text
 from agiledart.site import dashboard_token
 from agiledart.site.service import metrics_host
 
@@ -121,7 +122,7 @@ def test_the_dashboard_url_is_printed_once_on_request_never_logged(
 
 def test_metrics_beyond_loopback_need_a_token(tmp_path: Path) -> None:
     key = tmp_path / "cluster.key"
-    key.write_text("k" * 64)
+    key.write_text(make_key_text() + "\n")
     key.chmod(0o600)
     env = {k: v for k, v in os.environ.items() if k != "AGILEDART_METRICS_TOKEN"}
     cmd = [
