@@ -220,6 +220,17 @@ def _stop(args: argparse.Namespace, call: Call, run: Callable[[Any], Any]) -> in
     return 0
 
 
+def _connection_text(info: dict[str, Any]) -> str:
+    """``: retrying since 12:03:04: cannot connect ...`` for a connector with a broker."""
+    state = info.get("connection")
+    if state is None:
+        return ""
+    since = info.get("retrying_since")
+    when = f" since {time.strftime('%H:%M:%S', time.localtime(since))}" if since else ""
+    error = f": {info['last_error']}" if info.get("last_error") else ""
+    return f" ({state}{when}{error})" if info.get("path") else f": {state}{when}{error}"
+
+
 def _print_status(s: dict[str, Any]) -> None:
     t = s.get("totals", {})
     print(
@@ -229,19 +240,16 @@ def _print_status(s: dict[str, Any]) -> None:
     print(f"  scheduler: {s.get('scheduler')}")
     for src, peer in s.get("sources", {}).items():
         info = ((s.get("peers") or {}).get(peer) or {}).get("sources", {}).get(src) or {}
-        state = info.get("connection")
-        if state in (None, "connected"):
-            print(f"  source {src} @ {peer}" + (": connected" if state else ""))
-            continue
-        since = info.get("retrying_since")
-        when = f" since {time.strftime('%H:%M:%S', time.localtime(since))}" if since else ""
-        error = f": {info['last_error']}" if info.get("last_error") else ""
-        print(f"  source {src} @ {peer}: {state}{when}{error}")
+        print(f"  source {src} @ {peer}" + _connection_text(info))
     for op, peers in s.get("placement", {}).items():
         print(f"  operator {op} @ {', '.join(peers)}")
     for sink, peer in s.get("sinks", {}).items():
         info = ((s.get("peers") or {}).get(peer) or {}).get("sinks", {}).get(sink) or {}
-        print(f"  sink {sink} @ {peer}" + (f": {info['path']}" if info.get("path") else ""))
+        print(
+            f"  sink {sink} @ {peer}"
+            + (f": {info['path']}" if info.get("path") else "")
+            + _connection_text(info)
+        )
     for path in s.get("paths", []):
         print(f"  path: {' -> '.join(path)}")
     for op, view in s.get("scaling", {}).items():

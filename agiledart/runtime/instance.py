@@ -1346,6 +1346,7 @@ class AppInstance:
             "errors": state.sink.stats.errors,
             "done": state.done,
             "path": None if path is None else os.path.abspath(path),
+            **_connection_of(state.sink),
             "latency_p50_ms": quantile(lat, 0.5),
             "latency_p99_ms": quantile(lat, 0.99),
             "latency_samples": len(lat),
@@ -1414,6 +1415,18 @@ def _leaves(eg: BaseExceptionGroup[Exception]) -> list[Exception]:
     for e in eg.exceptions:
         out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
     return out
+
+
+def _connection_of(sink: Any) -> dict[str, Any]:
+    """An mqtt sink's broker connection, as its statistics show it (others: none)."""
+    if not isinstance(sink, MqttSink):
+        return {}
+    c = sink.connection()
+    return {
+        "connection": c["state"],
+        "retrying_since": c["since"] if c["state"] != "connected" else None,
+        "last_error": c["last_error"],
+    }
 
 
 def _fail_on_error(seg: Segment, ops: list[str]) -> None:

@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import random
 import socket
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -62,6 +63,9 @@ class _Connection:
         self.connected = asyncio.Event()
         self.lost: asyncio.Future[None] | None = None
         self.task: asyncio.Task[None] | None = None
+        #: why the broker is not connected now, and since when (wall-clock seconds)
+        self.last_error: str | None = None
+        self.down_since: float | None = time.time()
 
     async def run(self) -> None:
         """Connect, serve, and reconnect with back-off, until cancelled."""
@@ -76,17 +80,36 @@ class _Connection:
                         st.reconnects += 1
                     sessions += 1
                     attempt = 0
+                    self.last_error, self.down_since = None, None
                     log.info("connected to MQTT broker %s (to publish)", self.options.address)
                     await self._session(client)
             except* aiomqtt.MqttError as eg:  # the first failure in a row is news
                 level = logging.WARNING if attempt == 0 else logging.DEBUG
                 log.log(level, "MQTT broker %s: %s", self.options.address, eg.exceptions[0])
+                self._down(str(eg.exceptions[0]))
             except* Exception as eg:  # a bug must not end the peer: log, count, retry
                 st.errors += 1
                 log.error("MQTT connection to %s failed", self.options.address, exc_info=eg)
+                self._down(f"{type(eg.exceptions[0]).__name__}: {eg.exceptions[0]}")
             delay = self.pool.backoff.delay(attempt, self.pool.rng)
             attempt += 1
             await asyncio.sleep(delay)
+
+    def _down(self, error: str) -> None:
+        self.last_error = error
+        if self.down_since is None:
+            self.down_since = time.time()
+
+    def connection(self) -> dict[str, Any]:
+        """As a source's: ``{"state": connected | retrying | connecting, "since",
+        "last_error"}``."""
+        if self.client is not None:
+            return {"state": "connected", "since": None, "last_error": None}
+        return {
+            "state": "retrying" if self.last_error else "connecting",
+            "since": self.down_since,
+            "last_error": self.last_error,
+        }
 
     def _client(self) -> aiomqtt.Client:
         pool = self.pool
@@ -183,6 +206,12 @@ class BrokerLease:
     @property
     def connected(self) -> bool:
         return self._conn is not None and self._conn.client is not None
+
+    def connection(self) -> dict[str, Any]:
+        """The broker connection this lease shares (see ``_Connection.connection``)."""
+        if self._conn is None:
+            return {"state": "closed", "since": None, "last_error": None}
+        return self._conn.connection()
 
     async def wait_connected(self) -> bool:
         """Wait until the broker is connected (True) or the lease is closed (False)."""

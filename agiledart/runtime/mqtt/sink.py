@@ -6,6 +6,7 @@ import asyncio
 import collections
 import logging
 from pathlib import Path
+from typing import Any
 
 from agiledart.app.errors import ExecutionError
 from agiledart.app.spec import SinkSpec
@@ -72,6 +73,10 @@ class MqttSink:
     @property
     def connected(self) -> bool:
         return self._lease.connected
+
+    def connection(self) -> dict[str, Any]:
+        """The broker connection: connected, connecting or retrying (since, last error)."""
+        return self._lease.connection()
 
     async def wait_connected(self) -> bool:
         """Wait until the broker is connected (True) or the sink is closed (False)."""
