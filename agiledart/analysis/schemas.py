@@ -102,4 +102,5 @@ ANALYZED: dict[str, tuple[str, ...]] = {
     "checkpoint": ("app", "epoch", "bytes", "duration_ms", "m", "k", "committed"),
     "recovery": ("app", "dead_peer", "epoch", "phase", "duration_ms", "operators"),
     "scheduler": ("zone", "scheduler", "event", "apps"),
+    "ingest": (),  # an mqtt source's shedding: checked, not analysed yet
 }
