@@ -580,23 +580,29 @@ class Scheduler:
         *,
         lost: str | None = None,
         generation: int = 0,
-    ) -> None:
+    ) -> bool:
+        """An instance of ``app_id`` on ``peer`` failed: fail the app, or recover it when
+        the instance lost a peer that is gone or restarted. False when this peer does
+        not schedule the app (the reporter tries again, or its adopter's rebind)."""
         rec = self.apps.get(app_id)
-        if rec is None or rec.state not in LIVE_STATES or generation != rec.generation:
-            return
+        if rec is None or rec.scheduler_name != self.name:
+            return False
+        if rec.state not in LIVE_STATES or generation != rec.generation:
+            return True
         if lost is not None and lost not in rec.hosts():
-            return  # about a peer that no longer hosts it (recovered from meanwhile)
+            return True  # about a peer that no longer hosts it (recovered from meanwhile)
         if lost is not None:
             if not await self._answers(rec, lost):
                 # the instance could not reach a peer that is gone: recover, do not fail
                 self._spawn(self.recover(app_id, lost))
-                return
+                return True
             if not await self._runs(rec, lost):
                 # it answers but lost its instances: it restarted (a power cut, a crash
                 # and a supervisor faster than the failure detector); it keeps its part
                 self._spawn(self.recover(app_id, lost, restarted=True, generation=generation))
-                return
+                return True
         await self._fail(rec, f"on {peer}: {error}")
+        return True
 
     async def _fail(self, rec: AppRecord, error: str) -> None:
         await self._end(rec, "failed", error)

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import re
 import shutil
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,7 @@ from agiledart.errors import AgiledartError
 from agiledart.overlay.errors import MalformedError, OverlayError
 from agiledart.overlay.leafset import Membership, MembershipEvent
 from agiledart.overlay.node import Delivery, OverlayNode
+from agiledart.overlay.routing import Contact
 from agiledart.overlay.tcp import ConnectionInfo, FrameServer
 from agiledart.runtime.checkpoints import SWEEP_S, FragmentStore, Holder, Uplink
 from agiledart.runtime.code import Bundle, CodeStore, code_ids_in, identifier
@@ -60,11 +61,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AppRuntime"]
+__all__ = ["AppRuntime", "left_to"]
 
 TAKE_BACK_TRIES = 3  #: reads of the apps a restarted peer scheduled
 TAKE_BACK_WAIT_S = 1.5  #: seconds before each
-REPORT_FOR_S = 180.0  #: seconds a sink's end is reported for until a scheduler takes it
+REPORT_FOR_S = 180.0  #: seconds a sink's end or a failure is reported for until taken
+DEATHS_REVISITED_S = 60.0  #: how long a death's adopter is recomputed on later deaths
 
 _NODE_ID_RE = re.compile(r"[0-9a-fA-F]{40}")
 
@@ -133,6 +135,8 @@ class AppRuntime:
         self.on_resumed: Callable[[], Awaitable[None]] | None = None
         #: who adopts a dead scheduler's apps when this peer is its closest neighbour
         self.adopter: Callable[[str], Coroutine[Any, Any, None]] | None = None
+        #: dead peers whose apps this peer took care of, and when (see _left_to_me)
+        self._took_over: dict[str, float] = {}
         #: apps whose scheduler changed since deployment (adopted): where reports go now
         self.rebound: dict[str, Address] = {}
         for type, handler in self.records.handlers().items():
@@ -494,50 +498,49 @@ class AppRuntime:
 
     async def _app_failed(self, req: dict[str, Any], conn: ConnectionInfo) -> bool:
         lost = req.get("lost")
-        await self.scheduler.failed(
+        return await self.scheduler.failed(
             _app_id(req),
             conn.peer_name,
             str(req.get("error")),
             lost=lost if isinstance(lost, str) and lost else None,
             generation=_generation(req),
         )
-        return True
 
     async def _report_done(self, d: Deployment, sink: str, info: dict[str, Any]) -> None:
         body = {"app_id": d.app_id, "sink": sink, "info": info, "generation": d.generation}
         if self._group is not None:
-            self._background(self._tell_done(d, body))
+            self._background(self._report_until_taken(d, "app_sink_done", body))
 
-    async def _tell_done(self, d: Deployment, body: dict[str, Any]) -> None:
-        """Report a sink's end until a scheduler takes it: the app's scheduler may be
-        dead (its adopter rebinds the app here meanwhile) or restarted and not yet
-        scheduling its apps again; a report lost here would leave the app running
-        forever. Given up after :data:`REPORT_FOR_S`."""
+    async def _report_failed(self, d: Deployment, error: str, lost: str | None) -> None:
+        body = {"app_id": d.app_id, "error": error, "lost": lost, "generation": d.generation}
+        if self._group is not None:
+            self._background(self._report_until_taken(d, "app_failed", body))
+
+    async def _report_until_taken(self, d: Deployment, type: str, body: dict[str, Any]) -> None:
+        """Report a sink's end or an instance's failure until a scheduler takes it:
+        the app's scheduler may be dead (its adopter rebinds the app here meanwhile)
+        or restarted and not yet scheduling its apps again; a report lost here would
+        leave the app running forever. Given up after :data:`REPORT_FOR_S`, or once
+        the instance is undeployed or redeployed (the report is moot then)."""
         deadline = asyncio.get_running_loop().time() + REPORT_FOR_S
         wait = 0.5
         while True:
             to = self._scheduler_of(d)
             try:
-                if await self.links.request(to, "app_sink_done", body, timeout=30.0) is not False:
+                if await self.links.request(to, type, body, timeout=30.0) is not False:
                     return
                 problem = "it does not schedule the app (yet)"
             except OverlayError as exc:
                 problem = str(exc)
             inst = self.instances.get(d.app_id)
             if inst is None or inst.deployment is not d:
-                return  # undeployed or redeployed meanwhile: the report is moot
-            if asyncio.get_running_loop().time() + wait > deadline:
-                log.warning("app %s: gave up reporting sink %s's end", d.app_id, body["sink"])
                 return
-            log.warning(
-                "app_sink_done to the scheduler failed (%s); again in %.1f s", problem, wait
-            )
+            if asyncio.get_running_loop().time() + wait > deadline:
+                log.warning("app %s: gave up reporting %s to its scheduler", d.app_id, type)
+                return
+            log.warning("%s to the scheduler failed (%s); again in %.1f s", type, problem, wait)
             await asyncio.sleep(wait)
             wait = min(wait * 2, 5.0)
-
-    async def _report_failed(self, d: Deployment, error: str, lost: str | None) -> None:
-        body = {"app_id": d.app_id, "error": error, "lost": lost, "generation": d.generation}
-        await self._tell(self._scheduler_of(d), "app_failed", body)
 
     def _background(self, job: Coroutine[Any, Any, None]) -> None:
         """Run ``job`` in this peer's task group, supervised: whatever it raises is
@@ -611,15 +614,28 @@ class AppRuntime:
         dead = event.contact
         jobs = [self.scheduler.peer_dead(dead.name)]
         others = [c for c in self.overlay.leaf_set.members() if c.node_id != dead.node_id]
-        alive = [c.node_id for c in others]
-        if min([self.overlay.node_id, *alive], key=lambda n: n ^ dead.node_id) == (
-            self.overlay.node_id
-        ):  # the dead peer's closest neighbour takes care of what it left
+        for gone in self._left_to_me(dead):
+            # the dead peer's closest live neighbour takes care of what it left
             adopt = self.adopter or self.scheduler.adopt_from
-            jobs.append(adopt(dead.name))
-            jobs.append(self._report_hosted(dead.name))
+            jobs.append(adopt(gone))
+            jobs.append(self._report_hosted(gone))
         for job in jobs:
             self._background(self._unless_cut_off(others, dead.name, job))
+
+    def _left_to_me(self, dead: Contact) -> list[str]:
+        """The dead peers whose apps and hosted parts this peer takes care of, now that
+        ``dead`` died (see :func:`left_to`): ``dead`` whenever this peer is its closest
+        live neighbour, an earlier death only if not taken care of here already."""
+        now = asyncio.get_running_loop().time()
+        self._took_over = {n: t for n, t in self._took_over.items() if now - t < DEATHS_REVISITED_S}
+        gone = self.overlay.recently_dead(DEATHS_REVISITED_S)
+        mine = []
+        for c in left_to(self.overlay.node_id, dead, gone, self.overlay.leaf_set.members()):
+            if c.node_id != dead.node_id and c.name in self._took_over:
+                continue  # taken care of on its own death or an earlier revisit
+            self._took_over[c.name] = now
+            mine.append(c.name)
+        return mine
 
     async def _unless_cut_off(
         self, others: list[Any], dead: str, job: Coroutine[Any, Any, None]
@@ -912,3 +928,21 @@ def _app_id(req: dict[str, Any]) -> str:
 
 def _join_delivered(delivery: Delivery) -> int:
     return len(delivery.path)
+
+
+def left_to(
+    me: int, dead: Contact, gone: Iterable[Contact], leaf_set: Iterable[Contact]
+) -> list[Contact]:
+    """The peers of ``gone`` (the peers declared dead lately) and ``dead`` (just declared
+    dead) whose closest live neighbour, by XOR distance among ``me`` and the members of
+    ``leaf_set`` that are not gone, is ``me``: what they scheduled and hosted is left to
+    ``me``. Recomputed on every death: when two neighbours die together, each deferred
+    to the other on the first death, and nobody would revisit it."""
+    dead_ids = {c.node_id: c for c in gone if c.name}
+    dead_ids[dead.node_id] = dead
+    alive = [c.node_id for c in leaf_set if c.node_id not in dead_ids]
+    return [
+        c
+        for c in dead_ids.values()
+        if c.name and min([me, *alive], key=lambda n, c=c: n ^ c.node_id) == me
+    ]

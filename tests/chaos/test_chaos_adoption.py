@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 from support.apps import running_record
 
+from agiledart.overlay.routing import Contact
 from agiledart.runtime import scheduler as scheduling
 from agiledart.runtime.links import Address
 from agiledart.runtime.records import record_key
 from agiledart.runtime.scheduler import AppRecord, Scheduler
+from agiledart.runtime.service import left_to
 
 
 class Store:
@@ -127,3 +129,23 @@ def test_a_peer_never_adopts_an_app_it_schedules(monkeypatch: pytest.MonkeyPatch
     assert asked == []
     assert s.apps["q-0"] is rec
     assert not s._revisiting
+
+
+def contact(name: str, node_id: int) -> Contact:
+    return Contact(node_id=node_id, host="127.0.0.1", port=node_id, name=name)
+
+
+def test_a_death_left_to_a_neighbour_that_died_too_is_taken_up_on_its_death() -> None:
+    """Chaos seed 64: a scheduler (id 0b1000) and its closest neighbour (0b1001) killed
+    together. The peer next closest (0b1100, "me") saw the scheduler's death first,
+    while the neighbour still counted as live, and deferred to it; once the neighbour
+    was declared dead too, nobody revisited the first death and its apps were never
+    adopted. The first death is now recomputed on the second."""
+    me, scheduler, neighbour = 0b1100, contact("edge-2", 0b1000), contact("edge-4", 0b1001)
+    far = contact("sensor-1", 0b0001)
+    both = [scheduler, neighbour, far]
+    assert left_to(me, scheduler, [scheduler], both) == []  # the neighbour adopts
+    # the neighbour's death: its own and the scheduler's are both this peer's now
+    assert left_to(me, neighbour, [neighbour, scheduler], both) == [neighbour, scheduler]
+    # a peer farther away takes neither
+    assert left_to(far.node_id, neighbour, [neighbour, scheduler], [contact("me", me)]) == []

@@ -14,6 +14,7 @@ the scheduler."""
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from support.processes import cli_json, formed_cluster, poll, try_cli_json
 
 from agiledart.app import parse_spec
 from agiledart.apps.probes import counting
-from agiledart.emulate import LocalCluster
+from agiledart.emulate import LocalCluster, site_name
 
 pytestmark = [pytest.mark.processes]
 
@@ -110,3 +111,90 @@ def test_a_host_dies_while_its_scheduler_is_frozen_and_the_adopter_recovers_it(
     assert s["state"] == "finished", s.get("error")
     assert [e["dead"] for e in s["recoveries"]] == ["edge-2"]
     check_outputs(site, parse_spec(raw), s, logs)
+
+
+def node_ids(cluster: LocalCluster) -> dict[str, int]:
+    ring = cli_json(cluster, "ring", "--via", via(cluster, 0))
+    ids = {p["name"]: int(p["node_id"], 16) for p in ring["peers"]}
+    ids[ring["self"]] = int(ring["node_id"], 16)
+    return ids
+
+
+def test_a_scheduler_and_its_closest_neighbour_killed_together_still_end_the_app(
+    site: LocalCluster,
+) -> None:
+    """Chaos seed 64: the scheduler and its closest neighbour (its adopter) killed
+    together. The next closest peer saw the scheduler's death while the neighbour still
+    counted as live and deferred to it; once the neighbour was declared dead too,
+    nobody revisited the scheduler's death, and its app never ended. The app runs on two
+    other peers, so only its end needs a scheduler."""
+    ids = node_ids(site)
+    names = [site_name(i) for i in range(PEERS)]
+    scheduler = names[EDGE_1]
+    neighbour = min((n for n in names if n != scheduler), key=lambda n: ids[n] ^ ids[scheduler])
+    source_peer, sink_peer = [n for n in names if n not in (scheduler, neighbour)][:2]
+    raw = counting(sink_peer, count=6_000, rate=1_000)
+    raw["sources"][0]["peer"] = source_peer
+    raw["operators"][0]["peer"] = source_peer
+    raw["operators"][1]["peer"] = source_peer
+    raw["sinks"][0]["peer"] = sink_peer
+    logs = log_sizes(site)
+    assert site.workdir is not None
+    path = site.workdir / "counting.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    app_id = cli_json(site, "submit", str(path), "--via", via(site, EDGE_1))["app_id"]
+    ask = names.index(sink_peer)
+    poll(
+        lambda: (
+            cli_json(site, "status", app_id, "--via", via(site, ask))["totals"]["sink_records"] > 0
+        ),
+        what="output to flow",
+    )
+    site.kill(EDGE_1)
+    time.sleep(1.0)  # the next closest peer hears of the scheduler's death first
+    site.kill(names.index(neighbour))
+
+    def done() -> dict[str, Any] | None:
+        s = try_cli_json(site, "status", app_id, "--via", via(site, ask))
+        return s if s is not None and s["state"] in ("finished", "failed", "stopped") else None
+
+    s = dict(poll(done, what=f"{app_id} to end", timeout=90))
+    assert s["state"] == "finished", s.get("error")
+    assert s["scheduler"] not in (scheduler, neighbour)
+    check_outputs(site, parse_spec(raw), s, logs)
+
+
+FAILS_LATE = """def fail_late(r):
+    if r["seq"] >= 9_000:
+        raise ValueError(f"seq {r['seq']} is too late")
+    return r
+"""
+
+
+def test_an_instance_failing_while_its_scheduler_is_dead_still_fails_the_app(
+    site: LocalCluster,
+) -> None:
+    """An instance's failure was reported to the app's scheduler 3 times, always to the
+    scheduler it knew when it failed: with that scheduler frozen (its adopter takes the
+    app seconds later), the report was lost and the app, its sink waiting for the failed
+    instance, never ended. Now a failure is reported until a scheduler takes it, to the
+    adopter once it rebinds the app, like a sink's end."""
+    assert site.workdir is not None
+    bundle = site.workdir / "late.py"
+    bundle.write_text(FAILS_LATE)
+    code_id = cli_json(site, "register", str(bundle), "--via", via(site, ASK))["code_id"]
+    raw = counting("edge-2", count=12_000, rate=1_000)
+    raw["operators"][0]["peer"] = "sensor-1"  # nothing of the app on edge-1
+    scaled = raw["operators"][1]
+    scaled.pop("params")
+    scaled.update(fn=f"{code_id}:fail_late", on_error="fail")
+    path = site.workdir / "late.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    app_id = cli_json(site, "submit", str(path), "--via", via(site, EDGE_1))["app_id"]
+    poll(lambda: status(site, app_id)["totals"]["sink_records"] > 0, what="output to flow")
+    site.procs[EDGE_1].send_signal(signal.SIGSTOP)  # the map fails 9 s in, meanwhile
+    s = ended(site, app_id)
+    site.kill(EDGE_1)
+    assert s["state"] == "failed"
+    assert "ValueError: seq 9000 is too late" in s["error"]
+    assert s["scheduler"] != "edge-1"

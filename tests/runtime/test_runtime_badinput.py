@@ -155,9 +155,9 @@ async def test_requests_for_unknown_apps_that_are_answered(site: LocalCluster) -
     assert await site.request(GATEWAY_1, "undeploy", {"app_id": UNKNOWN}) == {"undeployed": False}
     assert await site.request(GATEWAY_1, "app_stats", {"app_id": UNKNOWN}) is None
     body = {"app_id": UNKNOWN, "sink": "out", "info": "garbage"}
-    # answered, and False: this peer does not schedule the app (the sink asks again)
+    # answered, and False: this peer does not schedule the app (the reporter asks again)
     assert await site.request(GATEWAY_1, "app_sink_done", body) is False
-    assert await site.request(GATEWAY_1, "app_failed", {"app_id": UNKNOWN, "error": 5}) is True
+    assert await site.request(GATEWAY_1, "app_failed", {"app_id": UNKNOWN, "error": 5}) is False
     assert await trouble(site, GATEWAY_1) == before
 
 
