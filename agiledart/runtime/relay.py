@@ -12,7 +12,10 @@ that this module carries to its destination over the model's links, relay by rel
   delays, 10 ms to ``ack_grace_ms`` = 100 ms, doubled after a timeout).
   One not acknowledged in time is a failed attempt, fed back to the planner, and the
   packet is tried again, possibly elsewhere. Nothing is lost while its
-  holder lives. A late acknowledgement makes a copy. The destination drops copies (by
+  holder lives, and nothing when a relay dies holding it either: the origin keeps every
+  packet until the destination confirms it (``relay_done``, straight back, cumulative
+  per flow), and sends unconfirmed ones again after :data:`RESEND_AFTER_S` (doubling
+  to :data:`RESEND_MAX_S`). A late acknowledgement makes a copy. The destination drops copies (by
   packet id, then flow sequence); a relay that still holds the packet when a copy
   comes takes it off the sender's hands ("ok") only if its name is the smaller one,
   and refuses it otherwise (the sender tries elsewhere); a relay that passed it on
@@ -69,6 +72,9 @@ log = logging.getLogger("agiledart.relay")
 POLICY = "kl-ucb"
 SEEN_MAX = 100_000  #: packet ids remembered per peer for duplicate detection
 NO_ROUTE_WAIT_S = 0.05
+RESEND_AFTER_S = 3.0  #: a packet its destination has not confirmed is sent again after
+RESEND_MAX_S = 30.0  #: the longest wait between two sends of one packet
+RESEND_CHECK_S = 0.5  #: how often the origin looks for packets to send again
 
 
 class Tracer(Protocol):
@@ -91,6 +97,8 @@ class RelayStatistics:
     lost_here: int = 0  #: arriving attempts the emulated link threw away
     duplicates: int = 0
     late_acks: int = 0
+    resent: int = 0  #: packets sent again, unconfirmed by their destination in time
+    unconfirmed: int = 0  #: packets originated here that their destination has not confirmed
 
 
 class AckTimer:
@@ -137,6 +145,15 @@ class _Flow:
     draining: bool = False
 
 
+@dataclass
+class _Unconfirmed:
+    """A packet this peer originated, kept until its destination confirms it."""
+
+    packet: dict[str, Any]
+    due: float  #: loop time it is sent again, unless confirmed
+    wait: float = RESEND_AFTER_S
+
+
 class Relay:
     def __init__(
         self,
@@ -177,6 +194,9 @@ class Relay:
         self._bug_logged = False
         self._timers: dict[str, AckTimer] = {}
         self._holding: set[str] = set()  #: ids of the packets in this peer's custody
+        #: packets originated here per (app, flow, destination), by flow sequence
+        self._unconfirmed: dict[tuple[str, str, str], dict[int, _Unconfirmed]] = {}
+        self._resender: asyncio.Task[None] | None = None
 
     def carries(self, dest: str) -> bool:
         """Whether data from here to ``dest`` travels over the emulated network."""
@@ -187,7 +207,11 @@ class Relay:
     async def submit(
         self, app: str, flow: str, kind: str, body: dict[str, Any], dest: str, address: Address
     ) -> None:
-        """Take custody of one batch (``kind`` "data") or watermark ("wm") for ``dest``."""
+        """Take custody of one batch (``kind`` "data"), watermark ("wm") or barrier
+        ("bar") for ``dest``, until ``dest`` confirms it."""
+        # one flow per generation: a packet sent again after a recovery must not take
+        # the place of the new generation's packet with the same sequence number
+        flow = f"{flow}~g{body.get('g', 0)}"
         seq = self._flow_seq.get((app, flow, dest), 0)  # an edge's own order, per dest
         self._flow_seq[(app, flow, dest)] = seq + 1
         k = self._k.get(dest, 0) + 1
@@ -215,7 +239,59 @@ class Relay:
         self.stats.sent += 1
         self._remember(pid)
         self._holding.add(pid)
+        due = asyncio.get_running_loop().time() + RESEND_AFTER_S
+        self._unconfirmed.setdefault((app, flow, dest), {})[seq] = _Unconfirmed(packet, due)
+        self.stats.unconfirmed += 1
+        if self._resender is None and not self._closed:
+            self._resender = asyncio.ensure_future(self._resend_loop())
         self._spawn(self._forward(packet))
+
+    async def _resend_loop(self) -> None:
+        """Send again the packets their destination has not confirmed in time: a relay
+        that died (or restarted) holding one took it with it."""
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            await asyncio.sleep(RESEND_CHECK_S)
+            now = loop.time()
+            for pending in list(self._unconfirmed.values()):
+                for u in list(pending.values()):
+                    pid = u.packet["i"]
+                    if pid in self._holding:  # still carried from here: not lost
+                        u.due = now + u.wait
+                        continue
+                    if u.due > now:
+                        continue
+                    u.wait = min(RESEND_MAX_S, 2 * u.wait)
+                    u.due = now + u.wait
+                    self.stats.resent += 1
+                    self._holding.add(pid)
+                    self._spawn(self._forward({**u.packet, "p": [self.name]}))
+
+    async def on_done(self, msg: dict[str, Any], conn: ConnectionInfo) -> None:
+        """A destination confirms a flow's packets up to sequence ``q``."""
+        app, flow, dest, upto = msg.get("a"), msg.get("f"), msg.get("d"), msg.get("q")
+        if not (isinstance(app, str) and isinstance(flow, str) and isinstance(dest, str)):
+            err = "relay_done needs 'a', 'f' and 'd' strings"
+            raise MalformedError(err)
+        if type(upto) is not int:
+            err = "relay_done needs an integer 'q'"
+            raise MalformedError(err)
+        key = (app, flow, dest)
+        pending = self._unconfirmed.get(key)
+        if pending is None or conn.peer_name != dest:  # only the destination confirms
+            return
+        for seq in [q for q in pending if q <= upto]:
+            del pending[seq]
+            self.stats.unconfirmed -= 1
+        if not pending:
+            del self._unconfirmed[key]
+
+    async def _confirm(self, packet: dict[str, Any], upto: int) -> None:
+        """Tell a flow's origin that everything up to ``upto`` arrived here."""
+        body = {"a": packet["a"], "f": packet["f"], "d": self.name, "q": upto}
+        with contextlib.suppress(OverlayError):
+            client = await self.links.client(_address(packet["oa"]))
+            await client.send("relay_done", body)
 
     # -- every hop ------------------------------------------------------------------------
 
@@ -424,6 +500,8 @@ class Relay:
         seq = int(packet["q"])
         if seq < flow.next or seq in flow.held:
             self.stats.duplicates += 1
+            if seq < flow.next:  # sent again: its origin missed the confirmation
+                await self._confirm(packet, flow.next - 1)
             return
         flow.held[seq] = packet
         self.trace.emit(
@@ -454,6 +532,7 @@ class Relay:
                     log.warning("relayed %s from %s not delivered: %s", ready["k"], ready["o"], exc)
         finally:
             flow.draining = False
+        await self._confirm(packet, flow.next - 1)
 
     # -- housekeeping ---------------------------------------------------------------------
 
@@ -463,6 +542,8 @@ class Relay:
             del self._flows[flow]
         for seq in [k for k in self._flow_seq if k[0] == app]:
             del self._flow_seq[seq]
+        for key in [k for k in self._unconfirmed if k[0] == app]:
+            self.stats.unconfirmed -= len(self._unconfirmed.pop(key))
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
@@ -477,6 +558,8 @@ class Relay:
     async def aclose(self) -> None:
         self._closed = True
         tasks = list(self._tasks)
+        if self._resender is not None:
+            tasks.append(self._resender)
         for task in tasks:
             task.cancel()
         for task in tasks:

@@ -12,7 +12,8 @@ peer's frame server:
   ``app_scheduled`` (whether this peer schedules an app);
 * data streams: ``data`` and ``wm`` in, ``credit`` back (on the outgoing links, or,
   for data relayed over an emulated network, on a connection of its own);
-* with a link model (``--links``): ``relay`` in, ``relay_ack`` back
+* with a link model (``--links``): ``relay`` in, ``relay_ack`` back, ``relay_done``
+  from a packet's destination to its origin
   (:mod:`agiledart.runtime.relay`).
 
 It publishes ``peer:<name>`` (node id, address) in the records store once the peer has
@@ -197,6 +198,7 @@ class AppRuntime:
             )
             frames.on_stream("relay", self.relay.on_relay)
             links.on_stream("relay_ack", self.relay.on_ack)
+            links.on_stream("relay_done", self.relay.on_done)
         overlay.on_deliver("join", _join_delivered)
         overlay.subscribe(self._membership)
 

@@ -174,3 +174,43 @@ def test_a_garbage_relay_frame_closes_only_its_connection(
         assert ring["self"] == "edge-2"
 
     asyncio.run(probe())
+
+
+def test_a_relay_that_dies_holding_packets_loses_none(tmp_path: Path) -> None:
+    """Chaos seed 42: a relay killed (or restarted) while it held packets took them with
+    it, and the destination, which hands a flow's packets over in order, waited for
+    them for ever: the app never ended. The origin now keeps every packet until its
+    destination confirms it, and sends it again (here over the other relay)."""
+    links = tmp_path / "links.json"
+    lossy_site(links)
+    with formed_cluster(tmp_path, len(PEERS), ["--links", str(links), "--workers", "0"]) as site:
+        # the app runs on sensor-1 and gateway-1 only: edge-1 and edge-2 just relay
+        overrides = [
+            "params.count=6000",
+            "sources.readings.params.rate=1000",
+            "operators.sampled.peer=sensor-1",
+            "operators.halved.peer=sensor-1",
+            "operators.per-key.peer=gateway-1",
+        ]
+        spec = parse_spec(apps.text("throughput"), overrides=overrides, known_peers=list(PEERS))
+        logs = log_sizes(site)
+        path = site.workdir / "throughput.yaml"  # type: ignore[operator]
+        path.write_text(apps.text("throughput"))
+        sets = [a for o in overrides for a in ("--set", o)]
+        host, port = site.address(PEERS.index("gateway-2"))
+        ask = ["--via", f"{host}:{port}"]
+        app_id = cli_json(site, "submit", str(path), *sets, *ask)["app_id"]
+
+        def flowing() -> bool:
+            s = cli_json(site, "status", app_id, *ask)
+            return bool(s["totals"]["sink_records"] > 500)
+
+        poll(flowing, what="records to flow over the relays")
+        site.kill(PEERS.index("edge-1"))
+
+        def done() -> dict[str, Any] | None:
+            status: dict[str, Any] = cli_json(site, "status", app_id, *ask)
+            return status if status["state"] in ("finished", "failed", "stopped") else None
+
+        status = poll(done, what="the app to finish without edge-1", timeout=120)
+        check_outputs(site, spec, status, logs)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +15,7 @@ from agiledart.emulate import _peers_for_links, relay_totals
 from agiledart.errors import AgiledartError
 from agiledart.overlay.auth import ClusterKey
 from agiledart.overlay.errors import MalformedError
+from agiledart.runtime import relay as relaying
 from agiledart.runtime.linkmodel import LinkModel
 from agiledart.runtime.links import Links
 from agiledart.runtime.relay import AckTimer, Relay, _checked
@@ -143,6 +146,28 @@ def test_the_ack_timeout_follows_the_acknowledgements_between_its_bounds() -> No
     assert AckTimer(floor_s=0.05, ceiling_s=0.01).ceiling_s == 0.05
 
 
+def _relay(name: str, model: LinkModel) -> tuple[Relay, Links]:
+    links = Links(ClusterKey.generate(random.Random("test-cluster-key-0123456789")), name)
+
+    async def nowhere(name: str) -> None:
+        return None
+
+    async def deliver(*args: object) -> None:
+        return None
+
+    relay = Relay(
+        name=name,
+        model=model,
+        links=links,
+        address=lambda: ("127.0.0.1", 1),
+        resolve=nowhere,
+        deliver=deliver,
+        trace=NullTraceWriter(),
+        seed=1,
+    )
+    return relay, links
+
+
 class _Conn:
     """The sending end of a relay frame, as :meth:`Relay.on_relay` sees it."""
 
@@ -165,24 +190,7 @@ async def test_a_copy_is_taken_off_a_holder_only_by_the_smaller_name() -> None:
     both = [(u, v, 1.0) for u, v in (("a", "m"), ("m", "z"), ("a", "z"))]
     both += [(v, u, t) for u, v, t in both]
     model = LinkModel(Graph.build(nodes, both, source="a", sink="z", slot_ms=10.0))
-    links = Links(ClusterKey.generate(random.Random("test-cluster-key-0123456789")), "m")
-
-    async def nowhere(name: str) -> None:
-        return None
-
-    async def deliver(*args: object) -> None:
-        return None
-
-    relay = Relay(
-        name="m",
-        model=model,
-        links=links,
-        address=lambda: ("127.0.0.1", 1),
-        resolve=nowhere,
-        deliver=deliver,
-        trace=NullTraceWriter(),
-        seed=1,
-    )
+    relay, links = _relay("m", model)
     try:
         held = "a~x~z~1"
         relay._remember(held)
@@ -209,6 +217,64 @@ async def test_a_copy_is_taken_off_a_holder_only_by_the_smaller_name() -> None:
         await relay.on_relay(_copy_of(mine, dest="m", path=["a", "z"]), conn)  # type: ignore[arg-type]
         assert conn.sent[0][1]["ok"] is True
         assert relay.stats.duplicates == 4
+    finally:
+        await relay.aclose()
+        await links.aclose()
+
+
+async def test_the_origin_sends_again_what_its_destination_does_not_confirm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A relay that dies holding a packet takes it with it: the origin keeps every
+    packet until the destination confirms it, sends it again when no confirmation
+    comes in time, and stops once one comes. Each generation of an app is a flow of its
+    own, so a packet sent again after a recovery never takes a new packet's place."""
+    monkeypatch.setattr(relaying, "RESEND_AFTER_S", 0.05)
+    monkeypatch.setattr(relaying, "RESEND_CHECK_S", 0.01)
+    relay, links = _relay("sensor-1", line())
+    carried: list[dict[str, Any]] = []
+
+    async def handed_off(packet: dict[str, Any]) -> None:  # to a relay that then dies
+        carried.append(packet)
+        relay._holding.discard(packet["i"])
+
+    monkeypatch.setattr(relay, "_forward", handed_off)
+    try:
+        body = {"a": "app", "g": 0}
+        await relay.submit("app", "op|sensor-1", "data", body, "gateway-1", ("127.0.0.1", 9))
+        await relay.submit("app", "op|sensor-1", "wm", {**body, "g": 1}, "gateway-1", ("x", 9))
+        await asyncio.sleep(0.3)
+        flows = {(p["f"], p["q"]) for p in carried}
+        assert flows == {("op|sensor-1~g0", 0), ("op|sensor-1~g1", 0)}
+        assert relay.stats.resent >= 2
+        assert all(p["p"] == ["sensor-1"] for p in carried)
+        conn = _Conn("gateway-1")
+        for flow in ("op|sensor-1~g0", "op|sensor-1~g1"):
+            done = {"a": "app", "f": flow, "d": "gateway-1", "q": 0}
+            await relay.on_done(done, conn)  # type: ignore[arg-type]
+        assert relay.stats.unconfirmed == 0
+        sent = len(carried)
+        await asyncio.sleep(0.2)
+        assert len(carried) == sent  # confirmed: never sent again
+        with pytest.raises(MalformedError):
+            await relay.on_done({"a": "app", "f": 3, "d": "x", "q": 0}, conn)  # type: ignore[arg-type]
+    finally:
+        await relay.aclose()
+        await links.aclose()
+
+
+async def test_the_destination_confirms_what_it_handed_over_and_copies_again() -> None:
+    relay, links = _relay("gateway-1", line())
+    confirmed: list[int] = []
+
+    async def confirm(packet: dict[str, Any], upto: int) -> None:
+        confirmed.append(upto)
+
+    relay._confirm = confirm  # type: ignore[method-assign]
+    try:
+        for q in (1, 0, 0):  # out of order, then a copy sent again
+            await relay._arrive({**packet(), "d": "gateway-1", "q": q, "i": f"p{q}"})
+        assert confirmed == [-1, 1, 1]  # 1 held back for 0; then both; the copy: again
     finally:
         await relay.aclose()
         await links.aclose()
