@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support.mqtt import Broker, Subscriber, mosquitto_binary
 from support.processes import cli, cli_json, formed_cluster, free_port, poll
 
 from agiledart.datasets import generate
@@ -173,3 +174,32 @@ def test_a_dead_letter_broker_that_is_down_is_a_problem_not_a_failure(
     assert f", 0 published, {problem['dead_letters']} queued" in text
     ring = cli_json(pair, "ring", "--via", "{}:{}".format(*pair.address(1)))
     assert "sensor-1" in json.dumps(ring)  # the peers live on
+
+
+def test_on_error_dead_letter_publishes_each_failing_record_to_mqtt(
+    pair: LocalCluster, tmp_path: Path
+) -> None:
+    mosquitto_binary()
+    broker = Broker(tmp_path, free_port())
+    broker.start()
+    try:
+        with Subscriber(broker, "bad/#") as sub:
+            topic = "bad/{op}/{error_type}"
+            letters = f"{{type: mqtt, topic: '{topic}', broker: '{broker.address}', qos: 1}}"
+            s = run(pair, "dead_letter", f"operators.logs.dead_letter={letters}")
+            raising = raising_records()
+            assert s["state"] == "finished"
+            assert s["problems"]["logs"]["dead_letters"] == len(raising)
+            got = poll(
+                lambda: sub.received() if len(sub.received()) >= len(raising) else None,
+                what=f"{len(raising)} dead letters at the broker",
+                timeout=30,
+            )
+    finally:
+        broker.stop()
+    assert {topic for topic, _ in got} == {"bad/logs/ValueError"}
+    received = [json.loads(payload) for _, payload in got]
+    assert sorted(r["record"]["seq"] for r in received) == [r["seq"] for r in raising]
+    assert {(r["app"], r["op"], r["message"]) for r in received} == {
+        (s["app_id"], "logs", "math domain error")
+    }
