@@ -231,6 +231,18 @@ def _connection_text(info: dict[str, Any]) -> str:
     return f" ({state}{when}{error})" if info.get("path") else f": {state}{when}{error}"
 
 
+def _dead_letter_text(sink: dict[str, Any]) -> str:
+    """``: /data/out/app/dead-letters/op-gw-1.jsonl, 3 lost (why)`` for a dead-letter
+    file; ``: retrying since 12:03:04: why, 0 published, 7 queued`` for an mqtt one."""
+    where = f": {sink['path']}" if sink.get("path") else ""
+    counts = ""
+    if "published" in sink:
+        counts = f", {sink['published']} published, {sink.get('queued', 0)} queued"
+    lost = f", {sink['lost']} lost" if sink.get("lost") else ""
+    error = f" ({sink['error']})" if sink.get("error") else ""
+    return where + _connection_text(sink) + counts + lost + error
+
+
 def _print_status(s: dict[str, Any]) -> None:
     t = s.get("totals", {})
     print(
@@ -262,11 +274,17 @@ def _print_status(s: dict[str, Any]) -> None:
                     + ("" if last.get("enabled") else " (scaling not enabled)")
                 )
     for op, problem in (s.get("problems") or {}).items():
-        print(f"  operator {op}: {problem.get('errors')} record(s) dropped by errors")
+        letters = problem.get("dead_letters")
+        print(
+            f"  operator {op}: {problem.get('errors')} record(s) dropped by errors"
+            + ("" if letters is None else f", {letters} sent to its dead-letter sink")
+        )
         for e in problem.get("recent", []):
             where = f" on {e['peer']}" if e.get("peer") else ""
             record = f", e.g. record {e['record']}" if e.get("record") else ""
             print(f"    {e.get('count', 1)} x {e.get('type')}: {e.get('message')}{where}{record}")
+        for peer, sink in (problem.get("dead_letter_sinks") or {}).items():
+            print(f"    dead letters @ {peer}" + _dead_letter_text(sink))
     if s.get("checkpoints") or s.get("checkpoint_failures"):
         failed = s.get("checkpoint_failures", 0)
         print(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agiledart.app.errors import ExecutionError
 from agiledart.app.functions import Resolver, builtin_resolver
@@ -165,6 +165,10 @@ class LocalRunner:
                 self._sinks_of.setdefault(src, []).append(s.id)
         self._emit = on_output or self._collect
         self._ran = False
+        #: operator -> the records its errors dropped, with ``on_error: dead_letter``
+        #: (``{"type", "message", "record"}``, in order)
+        self.dead_letters: dict[str, list[dict[str, Any]]] = {}
+        self._keeping = [(n, op) for n, op in self.executor.operators.items() if op.keep_failed]
 
     def _collect(self, sink: str, records: list[Record]) -> None:
         self.outputs[sink].extend(records)
@@ -203,6 +207,10 @@ class LocalRunner:
         return self.outputs
 
     def _handle(self, emitted: list[Emission]) -> None:
+        for name, op in self._keeping:
+            if op.stats.failed:
+                self.dead_letters.setdefault(name, []).extend(op.stats.failed)
+                op.stats.failed = []
         for producer, what in emitted:
             if isinstance(what, list):
                 self._deliver(producer, what)

@@ -6,8 +6,10 @@ parser (:mod:`agiledart.app.parse`) drives it, then checks the graph.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
+import string
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,23 +26,35 @@ from agiledart.app.schema import (
     did_you_mean,
 )
 from agiledart.app.spec import (
+    DEAD_LETTER_CONNECTORS,
+    DEAD_LETTER_FIELDS,
+    DEAD_LETTER_PATH,
     MAX_PANES_PER_WINDOW,
     MAX_WINDOWS_PER_RECORD,
     ON_ERROR_POLICIES,
     OPERATOR_KINDS,
     SINK_CONNECTORS,
     SOURCE_CONNECTORS,
+    DeadLetterSpec,
     OperatorSpec,
     SinkSpec,
     SourceSpec,
     freeze,
 )
+from agiledart.app.topics import TopicTemplate
 
 __all__ = ["ID_RE", "NodeParser"]
 
 ID_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 _FN_OPS = ("map", "filter", "flat_map")
 _SUFFIX_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv"}
+_OP_KEYS = ("id", "op", "fn", "params", "inputs", "peer", "on_error", "dead_letter")
+#: a dead-letter file's parameters: a file sink's, with a default path
+_DEAD_LETTER_FILE = tuple(
+    dataclasses.replace(p, required=False, default=DEAD_LETTER_PATH) if p.name == "path" else p
+    for p in SINK_PARAMS["file"]
+)
+_PATH_PLACEHOLDERS = ("app", "op", "peer")
 
 
 class NodeParser:
@@ -191,9 +205,7 @@ class NodeParser:
 
     def operator(self, i: int, raw: Any) -> OperatorSpec:
         path = f"operators[{i}]"
-        d = self.node(
-            path, raw, "operator", ("id", "op", "fn", "params", "inputs", "peer", "on_error")
-        )
+        d = self.node(path, raw, "operator", _OP_KEYS)
         if d is None:
             return OperatorSpec(id="", op="", inputs=())
         pinned = None if d.get("peer") is None else self.peer(f"{path}.peer", d.get("peer"))
@@ -219,6 +231,7 @@ class NodeParser:
             arity = (1, 1)
         inputs = self.input_list(path, d, op or "operator", at_least=arity[0], at_most=arity[1])
         on_error = d.get("on_error", "count")
+        dead_letter = None
         if on_error not in ON_ERROR_POLICIES:
             hint = did_you_mean(str(on_error), ON_ERROR_POLICIES)
             self.add(
@@ -226,8 +239,11 @@ class NodeParser:
                 f"unknown policy {on_error!r}{hint}; choose one of {', '.join(ON_ERROR_POLICIES)}",
             )
             on_error = "count"
+        else:
+            dead_letter = self.dead_letter(f"{path}.dead_letter", d.get("dead_letter"), on_error)
         return OperatorSpec(
             on_error=str(on_error),
+            dead_letter=dead_letter,
             id=str(d.get("id")),
             op=op,
             fn=fn if isinstance(fn, str) else None,
@@ -235,6 +251,82 @@ class NodeParser:
             inputs=inputs,
             peer=pinned,
         )
+
+    def dead_letter(self, path: str, raw: Any, on_error: str) -> DeadLetterSpec | None:
+        """An operator's ``dead_letter:`` (``type`` and that sink's parameters), which
+        goes with ``on_error: dead_letter`` and only with it."""
+        if raw is None:
+            if on_error == "dead_letter":
+                self.add(
+                    path,
+                    "missing; on_error: dead_letter needs a sink for the records, e.g. "
+                    "dead_letter: {type: file, path: bad-records.jsonl}",
+                )
+            return None
+        if on_error != "dead_letter":
+            self.add(
+                path,
+                f"a dead-letter sink needs on_error: dead_letter (this operator's is "
+                f"{on_error}): add on_error: dead_letter, or remove dead_letter",
+            )
+            return None
+        if not isinstance(raw, Mapping):
+            self.add(path, "must be a mapping: type (file or mqtt) and that sink's parameters")
+            return None
+        given = dict(raw)
+        kind = given.pop("type", None)
+        if kind not in DEAD_LETTER_CONNECTORS:
+            choices = ", ".join(DEAD_LETTER_CONNECTORS)
+            if kind is None:
+                self.add(f"{path}.type", f"missing; a dead-letter sink's type is one of {choices}")
+            else:
+                hint = did_you_mean(str(kind), DEAD_LETTER_CONNECTORS)
+                self.add(f"{path}.type", f"unknown type {kind!r}{hint}; use one of {choices}")
+            return None
+        schema = _DEAD_LETTER_FILE if kind == "file" else SINK_PARAMS[kind]
+        owner = f"a {kind} dead-letter sink"
+        params = check_params(given, schema, path, self.problems, owner=owner)
+        if kind == "file":
+            self.file_format(path, params)
+            self.dead_letter_path(path, params)
+        else:
+            self.mqtt_params(path, params)
+            self.dead_letter_topic(path, params)
+        return DeadLetterSpec(connector=str(kind), params=freeze(params))
+
+    def dead_letter_path(self, path: str, params: dict[str, Any]) -> None:
+        if params.get("format") == "csv":
+            self.add(f"{path}.format", "dead letters are JSON objects: use format: jsonl")
+        given = params.get("path")
+        if not isinstance(given, str):
+            return
+        allowed = ", ".join("{" + n + "}" for n in _PATH_PLACEHOLDERS)
+        try:
+            names = [f for _, f, _, _ in string.Formatter().parse(given) if f is not None]
+        except ValueError:
+            names = [""]
+        bad = [n for n in names if n not in _PATH_PLACEHOLDERS]
+        if bad:
+            hint = did_you_mean(bad[0], _PATH_PLACEHOLDERS)
+            self.add(
+                f"{path}.path",
+                f"unknown placeholder {{{bad[0]}}}{hint} in {given!r}; a dead-letter path "
+                f"may use {allowed}",
+            )
+
+    def dead_letter_topic(self, path: str, params: dict[str, Any]) -> None:
+        topic = params.get("topic")
+        if not isinstance(topic, str):
+            return
+        fields = TopicTemplate(topic).fields
+        bad = [f for f in fields if f not in DEAD_LETTER_FIELDS]
+        if bad:
+            hint = did_you_mean(bad[0], DEAD_LETTER_FIELDS)
+            self.add(
+                f"{path}.topic",
+                f"a dead letter has no field {bad[0]!r}{hint}; its fields: "
+                f"{', '.join(DEAD_LETTER_FIELDS)}",
+            )
 
     def op_params(self, path: str, op: str, fn: Any, given: Mapping[str, Any]) -> dict[str, Any]:
         wants_fn = op in _FN_OPS or (op == "key_by" and "key" not in given)

@@ -20,6 +20,9 @@ __all__ = [
     "AGGREGATES",
     "CHECKPOINT_MODES",
     "DATASETS",
+    "DEAD_LETTER_CONNECTORS",
+    "DEAD_LETTER_FIELDS",
+    "DEAD_LETTER_PATH",
     "DEFAULT_PLACEMENT",
     "MAX_PANES_PER_WINDOW",
     "MAX_WINDOWS_PER_RECORD",
@@ -31,6 +34,7 @@ __all__ = [
     "STATEFUL_OPERATORS",
     "AppSpec",
     "CheckpointSpec",
+    "DeadLetterSpec",
     "OperatorSpec",
     "ScalingSpec",
     "SinkSpec",
@@ -64,7 +68,14 @@ PLACEMENTS = ("join-routing", "rtr", "rtr-rp", "cloud-only", "lb", "random")
 DEFAULT_PLACEMENT = "join-routing"
 CHECKPOINT_MODES = ("auto", "restart", "erasure", "replication")
 #: an operator's ``on_error`` policies
-ON_ERROR_POLICIES = ("count", "fail")
+ON_ERROR_POLICIES = ("count", "fail", "dead_letter")
+#: the sink connectors an operator's ``dead_letter:`` may use
+DEAD_LETTER_CONNECTORS = ("file", "mqtt")
+#: the fields of a dead letter (one JSON object per record that raised); a dead-letter
+#: file path may use ``{app}``, ``{op}`` and ``{peer}``, an mqtt topic any of these
+DEAD_LETTER_FIELDS = ("app", "op", "peer", "error_type", "message", "record", "ts")
+#: a dead-letter file's path when none is given (relative: under the app's output folder)
+DEAD_LETTER_PATH = "dead-letters/{op}-{peer}.jsonl"
 #: Sliding windows: at most this many windows hold one record (size_ms / slide_ms) ...
 MAX_WINDOWS_PER_RECORD = 1000
 #: ... and at most this many panes of gcd(size_ms, slide_ms) make one window.
@@ -110,6 +121,31 @@ class SourceSpec:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class DeadLetterSpec:
+    """Where an operator with ``on_error: dead_letter`` writes the records it raised
+    on: a ``file`` or ``mqtt`` sink's connector and parameters (``type:`` in the spec)."""
+
+    connector: str
+    params: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+    def sink(self, *, app: str, op: str, peer: str) -> SinkSpec:
+        """The sink an instance of ``op`` on ``peer`` opens: a file path's ``{app}``,
+        ``{op}`` and ``{peer}`` filled in."""
+        params = dict(self.params)
+        if self.connector == "file":
+            path = str(params.get("path", DEAD_LETTER_PATH))
+            for name, value in (("app", app), ("op", op), ("peer", peer)):
+                path = path.replace("{" + name + "}", value)
+            params["path"] = path
+        return SinkSpec(
+            id=f"{op}.dead_letter", peer=peer, connector=self.connector, inputs=(), params=params
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.connector, **thaw(self.params)}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class OperatorSpec:
     """One operator: built-in ``op``, optional ``fn`` reference, params and inputs."""
 
@@ -121,8 +157,10 @@ class OperatorSpec:
     #: pins the operator to this peer (optional; placement decides otherwise)
     peer: str | None = None
     #: what a record that makes the operator raise does: ``count`` (dropped, counted
-    #: and shown in status with the record) or ``fail`` (the app fails, naming it)
+    #: and shown in status with the record), ``fail`` (the app fails, naming it) or
+    #: ``dead_letter`` (counted, and written to :attr:`dead_letter`)
     on_error: str = "count"
+    dead_letter: DeadLetterSpec | None = None
 
     @property
     def stateful(self) -> bool:
@@ -138,6 +176,8 @@ class OperatorSpec:
             d["peer"] = self.peer
         if self.on_error != "count":
             d["on_error"] = self.on_error
+        if self.dead_letter is not None:
+            d["dead_letter"] = self.dead_letter.to_dict()
         return d
 
 

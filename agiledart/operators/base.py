@@ -78,6 +78,9 @@ class OperatorStats:
     #: the last :data:`RECENT_ERRORS` distinct errors, oldest first: ``{"type",
     #: "message", "record", "count"}`` (``record``: the first that raised it, as text)
     recent_errors: list[dict[str, Any]] = field(default_factory=list)
+    #: with :attr:`Operator.keep_failed`, every record dropped by an error since the
+    #: driver last took them: ``{"type", "message", "record"}`` (the record as it came)
+    failed: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,6 +106,9 @@ class Operator:
 
     kind: ClassVar[str] = "operator"
     stateful: ClassVar[bool] = False
+    #: keep each record an error drops in ``stats.failed`` (``on_error: dead_letter``);
+    #: the driver takes them after every call
+    keep_failed: bool = False
 
     def __init__(self, *, inputs: int = 1) -> None:
         if inputs < 1:
@@ -173,6 +179,8 @@ class Operator:
         st = self.stats
         st.errors += 1
         st.last_error = f"{type(exc).__name__}: {exc}"
+        if self.keep_failed:
+            st.failed.append({"type": type(exc).__name__, "message": str(exc), "record": record})
         st.note_error(
             {
                 "type": type(exc).__name__,

@@ -64,6 +64,7 @@ def build_operator(
     else:
         msg = f"operator {spec.id!r}: unknown op {spec.op!r}"
         raise OperatorError(msg)
+    op.keep_failed = spec.on_error == "dead_letter"
     if state is not None:
         op.restore(state)
     return op

@@ -396,7 +396,10 @@ class FileSink:
         out_dir: str | os.PathLike[str],
         resume: Mapping[str, Any] | None = None,
         policy: DataPolicy | None = None,
+        append: bool = False,
     ) -> None:
+        """``append``: add to what the file holds (a dead-letter file) instead of
+        starting it empty."""
         self.id = spec.id
         self.format: str = spec.params.get("format", "jsonl")
         if self.format not in ("jsonl", "csv"):
@@ -416,7 +419,8 @@ class FileSink:
         with self._errors("cannot write"):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if resume is None:
-                self._file: IO[bytes] = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+                mode = "ab" if append else "wb"
+                self._file: IO[bytes] = open(self.path, mode)  # noqa: SIM115 - closed in close()
             else:  # a restored app: keep what the last committed epoch had, drop the rest
                 self._file = self._resume(int(resume["size"]))
                 self.stats.records = int(resume.get("records", 0))

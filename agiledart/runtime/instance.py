@@ -64,6 +64,7 @@ from agiledart.runtime.checkpoints import CheckpointError, Holder, Uplink, fit_c
 from agiledart.runtime.code import code_ids_in
 from agiledart.runtime.confine import DataPolicy
 from agiledart.runtime.connectors import Sink, SourceConnector, open_sink, open_source
+from agiledart.runtime.deadletters import DeadLetters
 from agiledart.runtime.elastic import ElasticDriver
 from agiledart.runtime.epochs import Alignment, Channel
 from agiledart.runtime.errors import PeerLost
@@ -543,6 +544,8 @@ class AppInstance:
         out_dir = data.sink_dir(self.app_id)
         local_sinks = [k for k in spec.sinks if k.id in here]
         self.sinks: dict[str, SinkState] = {}  # opened last: nothing below may leak them
+        #: operator -> its dead-letter sink here (``on_error: dead_letter``), opened last too
+        self.dead_letters: dict[str, DeadLetters] = {}
         self.sources = {
             s.id: open_source(
                 s,
@@ -630,6 +633,13 @@ class AppInstance:
                 self.sinks[k.id].align = Alignment(
                     (p, h) for p in k.inputs for h in d.hosts.get(p, ())
                 )
+            for op in self.local_ops:
+                letters = spec.operator(op).dead_letter
+                if letters is not None:
+                    self.dead_letters[op] = DeadLetters(
+                        letters, app=self.app_id, op=op, peer=me, out_dir=out_dir,
+                        brokers=brokers, policy=data,
+                    )  # fmt: skip
         except BaseException:
             self._close_sinks()
             raise
@@ -676,6 +686,9 @@ class AppInstance:
         self._started.set()
 
     async def stop(self) -> None:
+        if self._group is not None:  # mqtt dead letters still queued: a moment to go out
+            for letters in self.dead_letters.values():
+                await letters.drain()
         if self._runner is not None:
             self._runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -686,6 +699,8 @@ class AppInstance:
         for state in self.sinks.values():
             with contextlib.suppress(OSError):
                 state.sink.close()
+        for letters in self.dead_letters.values():
+            letters.close()
 
     def spawn(self, coro: Awaitable[None]) -> Any:
         """Run ``coro`` as a child of the instance (cancelled with it)."""
@@ -716,6 +731,10 @@ class AppInstance:
                 for state in self.sinks.values():
                     if isinstance(state.sink, MqttSink):  # its publisher
                         group.create_task(state.sink.run())
+                for letters in self.dead_letters.values():
+                    publisher = letters.publisher()
+                    if publisher is not None:
+                        group.create_task(publisher)
                 group.create_task(self._until_failed())  # sinks stay open until stopped
                 group.create_task(self.elastic.run())
         except* Exception as eg:
@@ -1074,6 +1093,7 @@ class AppInstance:
 
     async def _segment_loop(self, seg: Segment) -> None:
         strict = [o for o in seg.ops if self.spec.operator(o).on_error == "fail"]
+        dead = [o for o in seg.ops if o in self.dead_letters]
         while True:
             while not seg.inbox and seg.resize_to is None:
                 seg.wake.clear()
@@ -1119,6 +1139,8 @@ class AppInstance:
                     )
                     if strict:
                         _fail_on_error(seg, strict)
+                    if dead:
+                        _post_dead_letters(seg, dead, self.dead_letters)
                     await self._forward(emitted, item.traces if first == 0 else [])
                 if done and item.wm_after is not None:
                     await self._watermark(seg, item, item.wm_after, item.wall_after)
@@ -1365,6 +1387,10 @@ class AppInstance:
                 counters = _seg_op_stats(seg, name)
                 for error in counters.get("recent_errors", ()):
                     error["peer"] = self.me
+                if name in self.dead_letters:
+                    letters = self.dead_letters[name]
+                    counters["dead_letters"] = letters.written
+                    counters["dead_letter_sink"] = letters.info()
                 ops[name] = {
                     **counters,
                     "instances": seg.replicas,
@@ -1443,6 +1469,18 @@ def _fail_on_error(seg: Segment, ops: list[str]) -> None:
                     f"{e.get('message', st.last_error)}{record} (on_error: fail)"
                 )
                 raise ExecutionError(msg)
+
+
+def _post_dead_letters(seg: Segment, ops: list[str], sinks: Mapping[str, DeadLetters]) -> None:
+    """The records ``ops`` (whose ``on_error`` is ``dead_letter``) dropped in the turn
+    just run, to their dead-letter sinks."""
+    ts = int(now_ms())
+    for name in ops:
+        for unit in seg.units:
+            st = unit.executor.operators[name].stats
+            if st.failed:
+                failed, st.failed = st.failed, []
+                sinks[name].write(failed, ts=ts)
 
 
 def _op_stats(op: Any) -> dict[str, Any]:

@@ -1541,20 +1541,28 @@ def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
 
 
 def _problems(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per operator with errors, over every peer running it: how many records it
-    dropped, and its recent distinct errors (type, message, a record that raised it,
-    the peer, how often), the most frequent first."""
+    """Per operator with errors (or a dead-letter sink in trouble), over every peer
+    running it: how many records it dropped, and its recent distinct errors (type,
+    message, a record that raised it, the peer, how often), the most frequent first;
+    with ``on_error: dead_letter`` also the letters written and each peer's sink."""
     out: dict[str, dict[str, Any]] = {}
-    for peer_stats in stats.values():
+    for peer, peer_stats in stats.items():
         if not isinstance(peer_stats, dict):
             continue
         for op, st in (peer_stats.get("operators") or {}).items():
-            errors = int(st.get("errors", 0)) if isinstance(st, dict) else 0
-            if not errors:
+            if not isinstance(st, dict):
+                continue
+            errors = int(st.get("errors", 0))
+            letters = st.get("dead_letter_sink")
+            letters = letters if isinstance(letters, dict) else None
+            if not errors and not (letters and letters.get("problem")):
                 continue
             view = out.setdefault(op, {"errors": 0, "recent": []})
             view["errors"] += errors
             view["recent"].extend(e for e in st.get("recent_errors", ()) if isinstance(e, dict))
+            if letters is not None:
+                view["dead_letters"] = view.get("dead_letters", 0) + int(st.get("dead_letters", 0))
+                view.setdefault("dead_letter_sinks", {})[peer] = letters
     for view in out.values():
         view["recent"].sort(key=lambda e: -int(e.get("count", 1)))
         del view["recent"][RECENT_ERRORS:]

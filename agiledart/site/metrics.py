@@ -267,6 +267,12 @@ class PeerCollector:
                 "Tuples an operator instance dropped: late (behind the watermark) or error",
                 labels=[*op_labels, "reason"],
             ),
+            "dead_letters": CounterMetricFamily(
+                P + "operator_dead_letters",
+                "Tuples an operator instance with on_error: dead_letter wrote to its "
+                "dead-letter sink",
+                labels=op_labels,
+            ),
             "queue": GaugeMetricFamily(
                 P + "operator_queue_tuples",
                 "Tuples waiting in the instance's inbox",
@@ -416,6 +422,8 @@ def _operator_series(
         fam["out"].add_metric(labels, s.get("records_out", 0))
         fam["dropped"].add_metric([*labels, "late"], s.get("late", 0))
         fam["dropped"].add_metric([*labels, "error"], s.get("errors", 0))
+        if "dead_letters" in s:
+            fam["dead_letters"].add_metric(labels, s["dead_letters"])
         fam["queue"].add_metric(labels, s.get("queued", 0))
         fam["batches"].add_metric(labels, s.get("queued_batches", 0))
         fam["rate"].add_metric(labels, s.get("rate", 0.0))

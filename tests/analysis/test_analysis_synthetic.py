@@ -4,7 +4,9 @@ tables match the same figures computed in plain Python on the same files."""
 from __future__ import annotations
 
 import itertools
+import logging
 import math
+import re
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 
 from agiledart.analysis import Analysis, analyze
+from agiledart.analysis.sections import SECTIONS
 from agiledart.traces import TraceWriter
 
 from .traces import close, percentile_fits, read_csv, valid_records
@@ -142,13 +145,42 @@ def _write(root: Path) -> None:
         writer.close()
 
 
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 @pytest.fixture(scope="module")
 def synthetic(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("synthetic")
     _write(root / "traces")
-    analysis = analyze(root / "traces", root / "out", spark=spark)
+    logger = logging.getLogger("agiledart.analysis")
+    lines, level = _Lines(), logger.level
+    logger.addHandler(lines)
+    logger.setLevel(logging.INFO)
+    try:
+        analysis = analyze(root / "traces", root / "out", spark=spark)
+    finally:
+        logger.removeHandler(lines)
+        logger.setLevel(level)
     records = valid_records(root / "traces")
-    return {"analysis": analysis, "records": records, "t0": min(r["ts"] for r in records)}
+    return {
+        "analysis": analysis,
+        "records": records,
+        "t0": min(r["ts"] for r in records),
+        "log": lines.lines,
+    }
+
+
+def test_progress_counts_the_sections_from_zero(synthetic: dict[str, Any]) -> None:
+    progress = [m for m in synthetic["log"] if re.match(r"^\d+/\d+ sections", m)]
+    done = [tuple(map(int, re.findall(r"\d+", m)[:2])) for m in progress]
+    assert done == [(n, len(SECTIONS)) for n in range(len(SECTIONS) + 1)]
+    assert progress[0] == f"0/{len(SECTIONS)} sections"
 
 
 def _table(synthetic: dict[str, Any], name: str) -> list[dict[str, str]]:

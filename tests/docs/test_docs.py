@@ -27,6 +27,10 @@ from agiledart.app.schema import (
 from agiledart.app.spec import (
     AGGREGATES,
     CHECKPOINT_MODES,
+    DEAD_LETTER_CONNECTORS,
+    DEAD_LETTER_FIELDS,
+    DEAD_LETTER_PATH,
+    ON_ERROR_POLICIES,
     OPERATOR_KINDS,
     PLACEMENTS,
     SINK_CONNECTORS,
@@ -89,6 +93,15 @@ def test_the_specs_blocks_are_documented() -> None:
     assert not _missing([p.name for p in SCALING_PARAMS], scaling)
     assert not _missing(PLACEMENTS, apps)
     assert not _missing(PLACEMENTS, _text("placement.md"))
+
+
+def test_every_on_error_policy_and_every_field_of_a_dead_letter_are_documented() -> None:
+    body = _section(_text("apps.md"), "### Records that raise: `on_error`")
+    assert not _missing(ON_ERROR_POLICIES, body)
+    assert not _missing(DEAD_LETTER_CONNECTORS, body)
+    assert not _missing(DEAD_LETTER_FIELDS, body)
+    assert f"`{DEAD_LETTER_PATH}`" in body
+    assert f"`{DEAD_LETTER_PATH}`" in _section(_text("connectors.md"), "## Dead-letter sinks")
 
 
 def test_every_builtin_function_and_its_parameters_are_documented() -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from agiledart import apps
 from agiledart.app.local import Executor
+from agiledart.app.parse import parse_spec
 from agiledart.datasets import generate_batches
 from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.execution.engines import PROBE_RECORDS, Unit, make_engine
@@ -82,3 +83,57 @@ async def test_a_bad_request_fails_the_turn_not_the_worker() -> None:
             await proc.call(("feed", "no-such-app", 0, "x", [], None))
         assert (await proc.call(("ping",)))[0] == proc.pid
         await proc.close()
+
+
+async def test_the_records_an_error_drops_in_a_worker_come_back_to_the_peer(
+    tmp_path: Path,
+) -> None:
+    """``on_error: dead_letter``: what an operator run by a worker dropped reaches the
+    peer with the turn's counters, each record as it came, for the dead-letter sink."""
+    spec = parse_spec(
+        {
+            "name": "letters",
+            "sources": [
+                {
+                    "id": "readings",
+                    "peer": "p",
+                    "connector": "generator",
+                    "params": {"dataset": "counter", "rate": 1000, "count": 1},
+                }
+            ],
+            "operators": [
+                {
+                    "id": "sampled",
+                    "op": "filter",
+                    "fn": "builtin:skip_every",
+                    "params": {"field": "seq", "n": 10},
+                    "inputs": ["readings"],
+                    "on_error": "dead_letter",
+                    "dead_letter": {"type": "file"},
+                }
+            ],
+            "sinks": [{"id": "out", "peer": "p", "connector": "discard", "inputs": ["sampled"]}],
+        }
+    )
+    fed = [
+        [{**r, "seq": f"bad-{r['seq']}"} if r["seq"] % 3 == 0 else r for r in batch]
+        for batch in batches(3 * PROBE_RECORDS)
+    ]
+    engine = make_engine(EngineConfig(workers=1, offload_us=1e-6), tmp_path)
+    unit = engine.unit(app_id="a1", uid=0, executor=Executor(spec), queue=Queue())
+    stats = unit.executor.operators["sampled"].stats
+    failed: list[dict[str, Any]] = []
+    async with asyncio.TaskGroup() as group:
+        engine.start(group)
+        await engine.open_app("a1", spec, [unit], [])
+        for batch in fed:
+            await unit.feed("readings", batch)
+            failed += stats.failed  # as the app instance takes them after every turn
+            stats.failed = []
+        moved = not unit.local
+        await engine.close_app("a1")
+        await engine.aclose()
+    assert moved  # most turns ran in the worker
+    assert [f["record"] for f in failed] == [r for b in fed for r in b if isinstance(r["seq"], str)]
+    assert {f["type"] for f in failed} == {"TypeError"}
+    assert stats.errors == len(failed)

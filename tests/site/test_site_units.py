@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agiledart.app import parse_spec
 from agiledart.overlay.auth import ClusterKey
 from agiledart.runtime.metrics import LatencyHistogram
 from agiledart.site.dashboard import Dashboard, dashboard_token
 from agiledart.site.errors import HttpError
 from agiledart.site.graph import app_graph, changes, incidents
 from agiledart.site.http import HttpLimits, Request, RequestReader, Response, encode_response
+from agiledart.site.metrics import PeerCollector
 
 LIMITS = HttpLimits()
 
@@ -238,3 +241,43 @@ def test_an_app_that_ended_shows_no_rates() -> None:
     (_, ended) = app_graph(spec, {**status, "state": "finished"})["nodes"]
     assert live["load"]["rate"] == 250.0
     assert ended["load"] == {"rate": 0.0, "queued": 0.0, "utilization": 0.5}
+
+
+def test_an_operators_dead_letters_are_a_metric_of_its_instance() -> None:
+    spec = parse_spec(
+        {
+            "name": "t",
+            "sources": [
+                {
+                    "id": "s",
+                    "peer": "p",
+                    "connector": "generator",
+                    "params": {"dataset": "counter", "rate": 1, "count": 1},
+                }
+            ],
+            "operators": [
+                {
+                    "id": "parse",
+                    "op": "map",
+                    "fn": "builtin:identity",
+                    "inputs": ["s"],
+                    "on_error": "dead_letter",
+                    "dead_letter": {"type": "file"},
+                },
+                {"id": "keep", "op": "filter", "fn": "builtin:above", "inputs": ["parse"]},
+            ],
+            "sinks": [{"id": "out", "peer": "p", "connector": "discard", "inputs": ["keep"]}],
+        }
+    )
+    stats = {"operators": {"parse": {"errors": 4, "dead_letters": 4}, "keep": {"errors": 1}}}
+    instance = SimpleNamespace(
+        statistics=lambda: stats,
+        deployment=SimpleNamespace(hosts={"parse": ("p",), "keep": ("p",)}),
+        spec=spec,
+        sinks={},
+    )
+    peer = SimpleNamespace(name="p", runtime=SimpleNamespace(instances={"a-1": instance}))
+    families = {f.name: f for f in PeerCollector(peer)._apps()}  # type: ignore[arg-type]
+    (sample,) = families["agiledart_operator_dead_letters"].samples
+    assert sample.labels == {"peer": "p", "app": "a-1", "operator": "parse", "op": "map"}
+    assert sample.value == 4

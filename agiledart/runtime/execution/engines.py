@@ -197,6 +197,7 @@ def _add(stats: OperatorStats, delta: dict[str, Any]) -> None:
     for error in delta.get("recent_errors") or ():
         if isinstance(error, dict) and {"type", "message"} <= set(error):
             stats.note_error(error)
+    stats.failed += [e for e in delta.get("failed") or () if isinstance(e, dict)]
 
 
 class Engine:
