@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agiledart.app.errors import AppError
 from agiledart.errors import AgiledartError
 from agiledart.overlay.errors import MalformedError, OverlayError
 from agiledart.overlay.files import fsync_dir
@@ -75,11 +76,11 @@ SWEEP_S = 300.0  #: how often a peer's store drops the fragments of apps that en
 _SUFFIX = ".frag"
 
 
-class CheckpointError(AgiledartError):
+class CheckpointError(AppError):
     """A checkpoint could not be saved or loaded (the message says which holder)."""
 
 
-class StoreFull(AgiledartError):
+class StoreFull(AppError):
     """This peer holds as many fragment bytes as it was allowed to."""
 
 
