@@ -81,7 +81,7 @@ class AgiledartError(Exception):
             value = state.get(name)
             if kind is float and type(value) is int:
                 value = float(value)
-            if type(value) is not kind or (kind is float and not math.isfinite(value)):
+            if type(value) is not kind or (isinstance(value, float) and not math.isfinite(value)):
                 msg = f"{cls.__name__}.{name} should be a {kind.__name__}"
                 raise ValueError(msg)
             values[name] = value
@@ -135,7 +135,7 @@ def error_to_wire(error: AgiledartError) -> tuple[str, str, dict[str, Any]]:
     """``(wire name, message, fields)`` of ``error``: its nearest registered class, or
     its own class name (which the caller will not know) if none is."""
     for cls in type(error).__mro__:
-        name = _NAMES.get(cls)  # type: ignore[call-overload]
+        name = _NAMES.get(cls)
         if name is not None:
             fields = cls.wire_state(error) if issubclass(cls, AgiledartError) else {}
             return name, str(error)[:MAX_WIRE_MESSAGE], fields
