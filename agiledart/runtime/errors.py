@@ -7,7 +7,8 @@
     ├── CodeError       a code id that is not registered, or a module that does not load;
     │                   ``code_id`` names the bundle when one is to blame
     ├── StoreError      the records store could not read or write a record
-    ├── DeployError     an app could not be placed or deployed (nothing is left running)
+    ├── DeployError     an app could not be placed or deployed (nothing is left running);
+    │                   ``no_capacity`` when every usable peer was full
     ├── BrokerError     an MQTT broker cannot be reached now, or refused a request (remote)
     ├── MasterUnknown   the central master named by ``--master`` cannot be found or reached
     ├── MasterBusy      the central master's queue is full
@@ -61,7 +62,15 @@ class StoreError(AppError):
 
 @crosses_peers("DeployError")
 class DeployError(AppError):
-    """Placement or deployment failed; every instance already deployed was torn down."""
+    """Placement or deployment failed; every instance already deployed was torn down.
+    ``no_capacity``: placement found every peer it could use full (a bigger ring, or
+    fewer apps, would take it)."""
+
+    wire_fields: ClassVar[Mapping[str, type]] = {"no_capacity": bool}
+
+    def __init__(self, message: str, *, no_capacity: bool = False) -> None:
+        super().__init__(message)
+        self.no_capacity = no_capacity
 
 
 @crosses_peers("BrokerError")

@@ -357,7 +357,7 @@ class Scheduler:
             if problems:  # this scheduler's copy was good, a host's download was not
                 raise SpecError(problems, name=spec.name) from exc
             msg = f"app {app_id} could not be deployed: {exc}"
-            raise DeployError(msg) from exc
+            raise DeployError(msg, no_capacity=isinstance(exc, NoCapacity)) from exc
         return rec
 
     async def _deploy(

@@ -199,3 +199,33 @@ async def test_a_hostile_error_reply_fails_that_request_only(
         assert refused.value.problems == (Problem("operators[0].fn", "no such function"),)
         assert refused.value.remote_peer == "mallory"
         assert not client.closed
+
+
+class _Novel(AgiledartError):
+    """An error a newer peer might raise: under no registered class."""
+
+
+async def test_an_error_the_caller_does_not_know_arrives_as_remote_error_with_its_name() -> None:
+    async def novel(request: dict[str, Any], conn: ConnectionInfo) -> Any:
+        raise _Novel("something new went wrong")
+
+    async def missing(request: dict[str, Any], conn: ConnectionInfo) -> Any:
+        raise UnknownApp("no app called a-1")
+
+    server = FrameServer(key=KEY, name="newer")
+    server.route("novel", novel)
+    server.route("missing", missing)
+    async with (
+        serving(server) as (host, port),
+        await FrameClient.connect(host, port, key=KEY, name="older") as client,
+    ):
+        with pytest.raises(RemoteError) as unknown:
+            await client.request("novel", timeout=5)
+        assert (unknown.value.error_type, unknown.value.remote_message) == (
+            "_Novel",
+            "something new went wrong",
+        )
+        assert unknown.value.remote_peer == "newer"
+        with pytest.raises(UnknownApp, match="no app called a-1") as missing_app:
+            await client.request("missing", timeout=5)
+        assert missing_app.value.remote_peer == "newer"
