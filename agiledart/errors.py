@@ -68,9 +68,11 @@ class AgiledartError(Exception):
     #: the peer whose request handler raised this error; None when raised here
     remote_peer: str | None = None
 
-    def wire_state(self) -> dict[str, Any]:
-        """The declared :attr:`wire_fields` of this error, as plain values."""
-        return {name: getattr(self, name) for name in self.wire_fields}
+    @classmethod
+    def wire_state(cls, error: AgiledartError) -> dict[str, Any]:
+        """The fields ``error`` sends when it crosses as this class: this class's
+        :attr:`wire_fields` (``error`` may be of a subclass with more)."""
+        return {name: getattr(error, name) for name in cls.wire_fields}
 
     @classmethod
     def from_wire_state(cls, message: str, state: Mapping[str, Any]) -> Self:
@@ -132,14 +134,21 @@ def crossing_errors() -> dict[str, type[AgiledartError]]:
 
 
 def error_to_wire(error: AgiledartError) -> tuple[str, str, dict[str, Any]]:
-    """``(wire name, message, fields)`` of ``error``: its nearest registered class, or
-    its own class name (which the caller will not know) if none is."""
+    """``(wire name, message, fields)`` of ``error``: its nearest registered class whose
+    fields it can fill as the caller will check them (else the next one up), or its
+    own class name (which the caller will not know) if none is registered."""
+    message = str(error)[:MAX_WIRE_MESSAGE]
     for cls in type(error).__mro__:
-        name = _NAMES.get(cls)
-        if name is not None:
-            fields = cls.wire_state(error) if issubclass(cls, AgiledartError) else {}
-            return name, str(error)[:MAX_WIRE_MESSAGE], fields
-    return type(error).__name__, str(error)[:MAX_WIRE_MESSAGE], {}
+        if not (issubclass(cls, AgiledartError) and cls in _NAMES):
+            continue
+        name = _NAMES[cls]
+        try:
+            fields = cls.wire_state(error)
+            cls.from_wire_state(message, fields)  # what the caller will do with them
+        except (AttributeError, TypeError, ValueError):
+            continue  # a field unset or of the wrong type here: send less, never fail
+        return name, message, fields
+    return type(error).__name__, message, {}
 
 
 def error_from_wire(name: str, message: str, fields: Any) -> AgiledartError | None:

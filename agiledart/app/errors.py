@@ -79,8 +79,11 @@ class SpecError(AppError):
     def paths(self) -> tuple[str, ...]:
         return tuple(p.path for p in self.problems)
 
-    def wire_state(self) -> dict[str, Any]:
-        return {"name": self.name, "problems": [[p.path, p.message] for p in self.problems]}
+    @classmethod
+    def wire_state(cls, error: AgiledartError) -> dict[str, Any]:
+        assert isinstance(error, SpecError)
+        problems = [[p.path, p.message] for p in error.problems]
+        return {"name": error.name, "problems": problems}
 
     @classmethod
     def from_wire_state(cls, message: str, state: Mapping[str, Any]) -> Self:
