@@ -12,6 +12,8 @@
     ├── BrokerError     an MQTT broker cannot be reached now, or refused a request (remote)
     ├── MasterUnknown   the central master named by ``--master`` cannot be found or reached
     ├── MasterBusy      the central master's queue is full
+    ├── CheckpointError a checkpoint could not be saved or loaded (which holder, said)
+    ├── StoreFull       a peer's fragment store is at its bound (checkpoints.py)
     └── ExecutionError
         └── PeerLost    an instance could not reach a peer of its app (it may have died)
 
@@ -28,12 +30,14 @@ from agiledart.errors import crosses_peers
 
 __all__ = [
     "BrokerError",
+    "CheckpointError",
     "CodeError",
     "DeployError",
     "MasterBusy",
     "MasterUnknown",
     "PeerLost",
     "StoreError",
+    "StoreFull",
     "UnknownApp",
 ]
 
@@ -86,6 +90,16 @@ class MasterUnknown(AppError):
 @crosses_peers("MasterBusy")
 class MasterBusy(AppError):
     """The master's queue is full."""
+
+
+@crosses_peers("CheckpointError")
+class CheckpointError(AppError):
+    """A checkpoint could not be saved or loaded (the message says which holder)."""
+
+
+@crosses_peers("StoreFull")
+class StoreFull(AppError):
+    """This peer holds as many fragment bytes as it was allowed to."""
 
 
 @crosses_peers("PeerLost")
