@@ -50,12 +50,10 @@ __all__ = [
 #: an error message longer than this is cut when it is sent (and refused when received
 #: longer: only a hostile or broken peer sends one)
 MAX_WIRE_MESSAGE = 16 * 1024
-#: at most this many wire fields, each a scalar or a list of at most this many scalars
+#: an error reply with more fields than this is refused
 MAX_WIRE_FIELDS = 16
 #: the longest wire name
 MAX_WIRE_NAME = 64
-
-_SCALARS = (str, int, float, bool, type(None))
 
 
 class AgiledartError(Exception):
