@@ -519,8 +519,7 @@ def _is_address(text: str) -> bool:
 async def _address_of_name(args: argparse.Namespace, name: str) -> str:
     """The address of the peer called ``name``, as ``$AGILEDART_PEER``'s peer knows it
     (its contacts, else a route through the ring to the name's record)."""
-    from agiledart.overlay.errors import ConfigError
-    from agiledart.overlay.tcp import RemoteError
+    from agiledart.overlay.errors import ConfigError, UnknownPeer
 
     entry = os.environ.get(ENV_PEER)
     if not entry or not _is_address(entry):
@@ -539,7 +538,7 @@ async def _address_of_name(args: argparse.Namespace, name: str) -> str:
     unknown = f"--via {name}: no peer of that name is known to {ring.get('self')} ({entry})"
     try:
         route = await call_peer(lookup, "route", {"to": name})
-    except RemoteError as exc:  # the name resolves to no record
+    except UnknownPeer as exc:  # the name resolves to no record
         raise ConfigError(unknown) from exc
     last = (route.get("path") or [{}])[-1]
     if last.get("name") != name:

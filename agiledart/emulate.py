@@ -46,7 +46,6 @@ from agiledart.app.parse import parse_spec
 from agiledart.app.spec import AppSpec
 from agiledart.errors import AgiledartError
 from agiledart.overlay.auth import ClusterKey
-from agiledart.overlay.errors import OverlayError
 from agiledart.overlay.keys import key_file_text, make_key_text
 from agiledart.overlay.tcp import FrameClient
 
@@ -240,7 +239,7 @@ class LocalCluster:
     async def ring(self, i: int) -> dict[str, Any] | None:
         try:
             info: dict[str, Any] = await self.request(i, "ring", {})
-        except OverlayError:
+        except AgiledartError:
             return None
         return info
 
@@ -671,7 +670,7 @@ async def _run_app(
             if p.state not in TERMINAL:
                 await cluster.request(via, "stop", {"app_id": p.app_id}, timeout=30.0)
             p.observe(await _status(cluster, via, p), time.monotonic())
-        except OverlayError as exc:  # still a summary, saying what went wrong
+        except AgiledartError as exc:  # still a summary, saying what went wrong
             p.note = f"could not stop {p.app_id} or read its final status: {exc}"
         p.rings = await asyncio.gather(*(cluster.ring(i) for i in range(cluster.peers)))
 
@@ -683,7 +682,7 @@ async def _follow(cluster: LocalCluster, via: int, p: Progress, stop: asyncio.Ev
     while not stop.is_set():
         try:
             status = await _status(cluster, via, p)
-        except OverlayError as exc:
+        except AgiledartError as exc:
             failures += 1
             if failures >= MAX_POLL_FAILURES:
                 msg = f"lost contact with {p.via}: {exc}"

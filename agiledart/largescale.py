@@ -37,11 +37,12 @@ from typing import Any
 
 from agiledart.app.parse import parse_spec
 from agiledart.app.spec import AppSpec
+from agiledart.errors import AgiledartError
 from agiledart.overlay.config import OverlayConfig
 from agiledart.overlay.errors import RouteError
 from agiledart.overlay.node import OverlayNode
 from agiledart.overlay.simulation import SimulatedRing
-from agiledart.placement import DEFAULT_SLOT_LIMIT, Hop, PeerInfo, PlacementError, place
+from agiledart.placement import DEFAULT_SLOT_LIMIT, Hop, NoCapacity, PeerInfo, PlacementError, place
 from agiledart.zones import (
     APP_CAP,
     DEFAULT_FANOUT,
@@ -61,7 +62,7 @@ __all__ = ["SLOTS", "ScaleConfig", "ScaleError", "Snapshot", "simulate"]
 SLOTS = DEFAULT_SLOT_LIMIT
 
 
-class ScaleError(Exception):
+class ScaleError(AgiledartError):
     """The simulation was configured with impossible values."""
 
 
@@ -317,7 +318,7 @@ class _World:
                 placement = place(spec, paths, infos, slot_limit=limit, reserve=1 / SLOTS)
                 break
             except PlacementError as exc:
-                if "no capacity" not in str(exc) or limit >= len(spec.operators):
+                if not isinstance(exc, NoCapacity) or limit >= len(spec.operators):
                     self.unplaced += 1
                     return
                 limit *= 2

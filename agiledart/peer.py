@@ -22,12 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agiledart.errors import AgiledartError
 from agiledart.overlay import ids
 from agiledart.overlay.address import Address
 from agiledart.overlay.auth import ClusterKey
 from agiledart.overlay.config import OverlayConfig
-from agiledart.overlay.errors import ConfigError
+from agiledart.overlay.errors import ConfigError, UnknownPeer
 from agiledart.overlay.node import Delivery, OverlayNode
 from agiledart.overlay.tcp import ConnectionInfo, FrameServer, key_differs_at
 from agiledart.runtime.central import CentralMaster
@@ -46,7 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Peer", "PeerConfig"]
+__all__ = ["Peer", "PeerConfig", "UnknownPeer"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -409,10 +408,6 @@ def _link_model(path: Path | None, name: str) -> LinkModel | None:
         msg = f"--links {path}: the link model has no node named {name!r} (this peer)"
         raise ConfigError(msg)
     return model
-
-
-class UnknownPeer(AgiledartError):
-    """A command named a peer this peer has not heard of."""
 
 
 def _probe(delivery: Delivery) -> int:

@@ -61,6 +61,7 @@ __all__ = [
     "DEFAULT_RESERVE",
     "DEFAULT_SLOT_LIMIT",
     "Hop",
+    "NoCapacity",
     "PathKey",
     "PeerInfo",
     "Placement",
@@ -81,6 +82,11 @@ PathKey = tuple[str, str]
 
 class PlacementError(AppError):
     """The paths and peers given cannot host this app (bad path, no capacity)."""
+
+
+class NoCapacity(PlacementError):
+    """Every peer an operator could go to is full at this slot limit: a larger limit
+    (peers sharing operators) may still place the app."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,7 +345,7 @@ def _overflow(op: OperatorSpec, keys: list[PathKey], nodes: list[str], state: _S
             f"after its inputs, and their leaf sets, is full (slot limit "
             f"{state.slot_limit}) or has no spare capacity"
         )
-        raise PlacementError(msg)
+        raise NoCapacity(msg)
     # most spare capacity first; on a tie a path node (data stays on the path) before a
     # leaf-set peer, then the one with fewest of the app's nodes (its operators, sources
     # and sinks: a source's peer is busy producing), then by name

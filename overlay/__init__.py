@@ -20,8 +20,11 @@ from .errors import (
     OverlayError,
     OversizeError,
     PeerUnreachable,
+    RemoteError,
     ReplayError,
     RouteError,
+    UnknownPeer,
+    UnknownRequest,
 )
 from .leafset import Membership, MembershipEvent
 from .node import Delivery, OverlayNode
@@ -43,8 +46,11 @@ __all__ = [
     "OverlayNode",
     "OversizeError",
     "PeerUnreachable",
+    "RemoteError",
     "ReplayError",
     "RouteError",
     "RouteResult",
+    "UnknownPeer",
+    "UnknownRequest",
     "load_cluster_key",
 ]

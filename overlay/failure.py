@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from .errors import OverlayError
+
 __all__ = ["FailureDetector", "Health", "IllegalTransition"]
 
 
@@ -24,8 +26,8 @@ class Health(Enum):
     DEAD = "dead"
 
 
-class IllegalTransition(RuntimeError):
-    pass
+class IllegalTransition(OverlayError, RuntimeError):
+    """A health change the failure detector's table does not allow (a bug here)."""
 
 
 # (state, event) -> state; "miss" out of SUSPECT is resolved by the miss count.

@@ -212,8 +212,9 @@ class Reply:
     id: int
     ok: bool
     result: Any  #: the result when ``ok``
-    error_type: str  #: "" when ``ok``
+    error_type: str  #: the error's wire name; "" when ``ok``
     error_message: str
+    error_fields: dict[str, Any] | None = None  #: its declared fields, if it sent any
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,8 +247,15 @@ def ok_reply(id: int, result: Any) -> dict[str, Any]:
     return {"t": REPLY, "id": id, "ok": True, "result": result}
 
 
-def error_reply(id: int, error_type: str, message: str) -> dict[str, Any]:
-    return {"t": REPLY, "id": id, "ok": False, "error": {"type": error_type, "message": message}}
+def error_reply(
+    id: int, error_type: str, message: str, fields: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """An error answer: the error's wire name, its message and, when it declares any,
+    its fields (:mod:`agiledart.errors` turns them back into the error)."""
+    error: dict[str, Any] = {"type": error_type, "message": message}
+    if fields:
+        error["fields"] = dict(fields)
+    return {"t": REPLY, "id": id, "ok": False, "error": error}
 
 
 def _classify(message: Any) -> Request | OneWay | Reply:
@@ -272,11 +280,14 @@ def _classify(message: Any) -> Request | OneWay | Reply:
         return Reply(mid, True, message.get("result"), "", "")
     error = message.get("error")
     if not (
-        type(error) is dict and type(error.get("type")) is str and type(error.get("message")) is str
+        type(error) is dict
+        and type(error.get("type")) is str
+        and type(error.get("message")) is str
+        and type(error.get("fields", {})) is dict
     ):
-        msg = "an error reply needs 'error': {'type': str, 'message': str}"
+        msg = "an error reply needs 'error': {'type': str, 'message': str, 'fields'?: map}"
         raise MalformedError(msg)
-    return Reply(mid, False, None, error["type"], error["message"])
+    return Reply(mid, False, None, error["type"], error["message"], error.get("fields"))
 
 
 # -- crypto ---------------------------------------------------------------------------

@@ -19,11 +19,15 @@ handlers.
   proven the key within ``handshake_timeout_s`` is closed. A keyless flood of idle
   sockets therefore competes only with itself.
 * Handler errors: an :class:`~agiledart.errors.AgiledartError` becomes the reply
-  ``{"ok": False, "error": {"type": class name, "message": str(exc)}}``; anything else
-  is logged with its traceback and answered as ``InternalError``. The connection lives
-  on. A stream handler raising :class:`BadMessage` closes the connection (the sender
-  broke the protocol and there is no reply to carry the error); other exceptions are
-  logged and counted.
+  ``{"ok": False, "error": {"type": wire name, "message": str(exc), "fields": {...}}}``
+  (:func:`~agiledart.errors.error_to_wire`); anything else is logged with its
+  traceback and answered as ``InternalError``. The connection lives on. On the
+  caller's side the reply raises the same class (:func:`~agiledart.errors.error_from_wire`)
+  with ``remote_peer`` set; a name not known here raises :class:`RemoteError`, and an
+  error whose fields do not fit its class :class:`MalformedError`. This is the one
+  place where errors are translated between peers. A stream handler raising
+  :class:`BadMessage` closes the connection (the sender broke the protocol and there is
+  no reply to carry the error); other exceptions are logged and counted.
 * Bytes: a small protocol class (:class:`_Stream`) hands received chunks to the
   connection task as they came from the socket (asyncio's StreamReader would copy each
   byte twice) and pauses reading while more than ``read_chunk`` bytes wait. Frames
@@ -46,7 +50,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self, cast
 
-from agiledart.errors import AgiledartError
+from agiledart.errors import AgiledartError, error_from_wire, error_to_wire
 
 from .admission import HandshakeAdmission
 from .auth import ClusterKey
@@ -54,9 +58,12 @@ from .errors import (
     BadMessage,
     ConfigError,
     KeyMismatch,
+    MalformedError,
     OverlayError,
     OversizeError,
     PeerUnreachable,
+    RemoteError,
+    UnknownRequest,
 )
 from .frames import (
     DEFAULT_MAX_FRAME,
@@ -90,16 +97,6 @@ __all__ = [
     "RequestHandler",
     "StreamHandler",
 ]
-
-
-class RemoteError(OverlayError):
-    """The peer's handler failed; ``error_type`` and ``remote_message`` are what it said."""
-
-    def __init__(self, error_type: str, remote_message: str, *, peer: str = "peer") -> None:
-        super().__init__(f"{peer} answered {error_type}: {remote_message}")
-        self.error_type = error_type
-        self.remote_message = remote_message
-        self.peer = peer
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -241,7 +238,7 @@ class ConnectionInfo:
         return f"<connection {self.id} {self.peer_name!r} {self.address[0]}:{self.address[1]}>"
 
 
-class _Aborted(Exception):
+class _Aborted(OverlayError):
     """The peer closed the connection before the handshake completed."""
 
 
@@ -497,8 +494,8 @@ class _Channel:
         handler = self._handlers.routes.get(event.type)
         if handler is None:
             self._stats.events["unknown_request_type"] += 1
-            error = f"no handler for requests of type {event.type!r}"
-            await self._reply(event, error_reply(event.id, "UnknownRequest", error))
+            error = UnknownRequest(f"no handler for requests of type {event.type!r}")
+            await self._reply(event, error_reply(event.id, *error_to_wire(error)))
             return
         await self._slots.acquire()  # at the bound, stop reading: TCP pushes back
         task = requests.create_task(self._serve_request(handler, event))
@@ -510,7 +507,7 @@ class _Channel:
             try:
                 reply = ok_reply(event.id, await handler(event.message, self.info))
             except AgiledartError as exc:
-                reply = error_reply(event.id, type(exc).__name__, str(exc))
+                reply = error_reply(event.id, *error_to_wire(exc))
             except Exception:
                 self._stats.events["internal_errors"] += 1
                 log.exception("handler for %r requests failed", event.type)
@@ -538,8 +535,7 @@ class _Channel:
         elif event.ok:
             future.set_result(event.result)
         else:
-            peer = self.info.peer_name
-            future.set_exception(RemoteError(event.error_type, event.error_message, peer=peer))
+            future.set_exception(_remote_error(event, self.info.peer_name))
 
     def _close(self, failure: BadMessage | OSError | None) -> None:
         if isinstance(failure, BadMessage):
@@ -559,6 +555,22 @@ class _Channel:
     def shutdown(self) -> None:
         """Close from our side (queued frames still go out)."""
         self._close(None)
+
+
+def _remote_error(reply: Reply, peer: str) -> AgiledartError:
+    """The error a peer answered with, as the class it raised there (see the module
+    docstring); whatever it sent, one of our errors."""
+    name, message = reply.error_type, reply.error_message
+    try:
+        error = error_from_wire(name, message, reply.error_fields)
+    except ValueError as exc:
+        msg = f"{peer} answered a {name[:64]} that does not fit its class: {exc}"
+        error = MalformedError(msg)
+    if error is None:
+        error = RemoteError(name[:64], message[:1000], peer=peer)
+    error.remote_peer = peer
+    error.add_note(f"raised by peer {peer}")
+    return error
 
 
 def _fresh(exc: OverlayError) -> OverlayError:
@@ -827,7 +839,7 @@ class FrameClient:
         *,
         timeout: float | None = None,
     ) -> Any:
-        """The peer's result; :class:`RemoteError` if its handler failed,
+        """The peer's result; the error its handler raised (its own class) if it failed,
         :class:`PeerUnreachable` on timeout or a lost connection, :class:`BadMessage` if
         the peer broke the protocol."""
         return await self._channel.request(type, body, timeout)

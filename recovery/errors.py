@@ -19,21 +19,25 @@ restarts from empty state (or an older epoch).
 
 from __future__ import annotations
 
-from agiledart.errors import AgiledartError
+from agiledart.errors import AgiledartError, crosses_peers
 
 
+@crosses_peers("RecoveryError")
 class RecoveryError(AgiledartError):
     """Base class of every error :mod:`agiledart.recovery` raises on purpose."""
 
 
+@crosses_peers("CodecConfigError")
 class CodecConfigError(RecoveryError):
     """The caller misused the API: m < 1, k < 0, m + k > 256, a bad block size or id."""
 
 
+@crosses_peers("FragmentError")
 class FragmentError(RecoveryError):
     """A fragment is malformed (bad encoding, out-of-range field) or corrupt (bad digest)."""
 
 
+@crosses_peers("MixedFragmentsError")
 class MixedFragmentsError(FragmentError):
     """Intact fragments of different checkpoints (app, instance, epoch) or stripes were mixed.
 
@@ -42,5 +46,6 @@ class MixedFragmentsError(FragmentError):
     """
 
 
+@crosses_peers("NotEnoughFragments")
 class NotEnoughFragments(RecoveryError):
     """Fewer than m intact, distinct fragments of a stripe are left: it cannot be rebuilt."""

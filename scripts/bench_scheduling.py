@@ -286,17 +286,17 @@ class Apps:
     cpus: set[int] = field(default_factory=set)  #: of the peer's processes, seen running
 
     async def launch(self, app_id: str, text: str, sets: list[str]) -> str:
-        from agiledart.overlay.tcp import RemoteError
+        from agiledart.runtime.errors import DeployError
 
         if self.submit:
             try:
                 reply = await rpc(self.addr, "submit", {"spec": text, "set": sets}, timeout=60)
                 return str(reply["app_id"])
-            except RemoteError as exc:
-                if "no capacity" not in exc.remote_message:
+            except DeployError as exc:
+                if not exc.no_capacity:
                     raise
                 self.submit = False
-                log(f"submit cannot place the app on one peer ({exc.remote_message})")
+                log(f"submit cannot place the app on one peer ({exc})")
                 log("deploying every node on the peer with the deploy/start RPCs instead")
         await self._deploy(app_id, text, sets)
         return app_id

@@ -23,22 +23,14 @@ from typing import Any
 from agiledart.app.parse import Overrides, parse_spec
 from agiledart.errors import AgiledartError
 from agiledart.overlay.errors import MalformedError, OverlayError
-from agiledart.overlay.tcp import ConnectionInfo, RemoteError
+from agiledart.overlay.tcp import ConnectionInfo
+from agiledart.runtime.errors import MasterBusy, MasterUnknown
 from agiledart.runtime.links import Address, Links
 from agiledart.runtime.scheduler import Scheduler
-from agiledart.runtime.zoning import ForwardedError
 
 __all__ = ["CentralMaster", "MasterBusy", "MasterUnknown"]
 
 Handler = Callable[[dict[str, Any], ConnectionInfo], Awaitable[Any]]
-
-
-class MasterUnknown(AgiledartError):
-    """The master peer named by ``--master`` cannot be found in the ring."""
-
-
-class MasterBusy(AgiledartError):
-    """The master's queue is full."""
 
 
 @dataclass
@@ -121,9 +113,9 @@ class CentralMaster:
         body = {"spec": source, "set": list(overrides)}
         try:
             res = await self.links.request(found[1], "central_submit", body, timeout=3600.0)
-        except RemoteError as exc:
-            raise ForwardedError(exc.remote_message) from None
         except OverlayError as exc:
+            if exc.remote_peer is not None:
+                raise  # the master failed the app: its error stands, in its own type
             msg = f"master peer {self.master!r} unreachable: {exc}"
             raise MasterUnknown(msg) from None
         if not isinstance(res, dict):

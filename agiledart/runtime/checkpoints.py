@@ -50,6 +50,7 @@ from agiledart.overlay.errors import MalformedError, OverlayError
 from agiledart.overlay.files import fsync_dir
 from agiledart.overlay.tcp import ConnectionInfo
 from agiledart.recovery import Fragment, FragmentError, NotEnoughFragments, decode, encode
+from agiledart.runtime.errors import CheckpointError, StoreFull
 from agiledart.runtime.links import Address, Links
 
 __all__ = [
@@ -73,14 +74,6 @@ CAPACITY_BYTES = 4 << 30  #: a store holds at most this much
 DISK_SHARE = 0.5  #: ... and at most this share of its disk (its fragments + free space)
 SWEEP_S = 300.0  #: how often a peer's store drops the fragments of apps that ended
 _SUFFIX = ".frag"
-
-
-class CheckpointError(AgiledartError):
-    """A checkpoint could not be saved or loaded (the message says which holder)."""
-
-
-class StoreFull(AgiledartError):
-    """This peer holds as many fragment bytes as it was allowed to."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -274,25 +274,25 @@ class CodeStore:
             manifest = await self.records.get(record_key("code", code_id))
         if manifest is None:
             msg = f"{short} is not registered (run `agiledart register`)"
-            raise CodeError(msg)
+            raise CodeError(msg, code_id=code_id)
         try:
             kind, name = str(manifest["kind"]), str(manifest["name"])
             digests = [str(d) for d in manifest["chunks"]]
             size = int(manifest["size"])
         except (KeyError, TypeError, ValueError) as exc:
             msg = f"{short} has a corrupt manifest ({type(exc).__name__})"
-            raise CodeError(msg) from None
+            raise CodeError(msg, code_id=code_id) from None
         assert self.records is not None
         chunks = await asyncio.gather(*(self.records.get(record_key("chunk", d)) for d in digests))
         for d, chunk in zip(digests, chunks, strict=True):
             if not isinstance(chunk, bytes) or hashlib.sha256(chunk).hexdigest() != d:
                 what = "missing" if chunk is None else "corrupt"
                 msg = f"{short}: chunk {d[:12]}... is {what}; the bundle cannot be used"
-                raise CodeError(msg)
+                raise CodeError(msg, code_id=code_id)
         content = b"".join(chunks)
         if len(content) != size or code_id_of(content) != code_id:
             msg = f"{short} fetched with a wrong digest; refusing it"
-            raise CodeError(msg)
+            raise CodeError(msg, code_id=code_id)
         return Bundle.from_content(kind, name, content)
 
     def load_cached(self, code_ids: Iterable[str]) -> None:
@@ -303,14 +303,14 @@ class CodeStore:
             bundle = self._cached(code_id)
             if bundle is None:
                 msg = f"code {code_id[:12]}... is not in the cache {self.cache_dir}"
-                raise CodeError(msg)
+                raise CodeError(msg, code_id=code_id)
             self._load(code_id, bundle)
 
     def function(self, code_id: str, name: str) -> Callable[..., Any]:
         module = self._modules.get(code_id)
         if module is None:
             msg = f"code {code_id[:12]}... is not loaded here"
-            raise CodeError(msg)
+            raise CodeError(msg, code_id=code_id)
         fn = getattr(module, name, None)
         if not callable(fn):
             defined = sorted(
@@ -322,7 +322,7 @@ class CodeStore:
                 f"registered code {code_id[:12]}... has no function {name!r}; it defines: "
                 f"{', '.join(defined) or 'nothing callable'}"
             )
-            raise CodeError(msg)
+            raise CodeError(msg, code_id=code_id)
         return fn  # type: ignore[no-any-return]
 
     def resolver(self) -> Resolver:

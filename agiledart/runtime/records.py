@@ -177,7 +177,7 @@ class Records:
             if owner is None:
                 return await self.serve(type, request)
             return await self.links.request(owner[1], type, request, timeout=self.timeout)
-        except OverlayError as exc:
+        except AgiledartError as exc:
             msg = f"records store: {type[3:]} of {ids.short(key)} failed: {exc}"
             raise StoreError(msg) from exc
 
@@ -304,7 +304,7 @@ class Records:
     async def _quiet(self, address: Address, type: str, body: dict[str, Any]) -> Any:
         try:
             return await self.links.request(address, type, body, timeout=self.timeout)
-        except OverlayError as exc:
+        except AgiledartError as exc:
             log.debug("records: %s to %s failed: %s", type, address, exc)
             return None
 

@@ -44,10 +44,10 @@ from agiledart.app.parse import Overrides, parse_spec
 from agiledart.app.spec import AppSpec
 from agiledart.errors import AgiledartError
 from agiledart.operators.base import RECENT_ERRORS
-from agiledart.overlay.errors import OverlayError
 from agiledart.placement import (
     DEFAULT_SLOT_LIMIT,
     Hop,
+    NoCapacity,
     PeerInfo,
     Placement,
     PlacementError,
@@ -353,11 +353,11 @@ class Scheduler:
             await asyncio.shield(self._give_up(rec))
             if not known:
                 raise
-            problems = _code_problems(spec, str(exc))
+            problems = _code_problems(spec, exc)
             if problems:  # this scheduler's copy was good, a host's download was not
                 raise SpecError(problems, name=spec.name) from exc
             msg = f"app {app_id} could not be deployed: {exc}"
-            raise DeployError(msg) from exc
+            raise DeployError(msg, no_capacity=isinstance(exc, NoCapacity)) from exc
         return rec
 
     async def _deploy(
@@ -483,7 +483,7 @@ class Scheduler:
         async def ring(name: str) -> dict[str, Any] | None:
             try:
                 reply = await self.links.request(addresses[name], "ring", {}, timeout=5.0)
-            except (OverlayError, KeyError):
+            except (AgiledartError, KeyError):
                 return None
             return reply if isinstance(reply, dict) else None
 
@@ -495,7 +495,7 @@ class Scheduler:
     ) -> Any:
         try:
             return await self.links.request(address, type, body, timeout=timeout)
-        except OverlayError as exc:
+        except AgiledartError as exc:
             msg = f"{type} at {address[0]}:{address[1]} failed: {exc}"
             raise DeployError(msg) from exc
 
@@ -508,7 +508,7 @@ class Scheduler:
     async def _quiet(self, address: Address, type: str, body: dict[str, Any]) -> Any:
         try:
             return await self.links.request(address, type, body, timeout=10.0)
-        except OverlayError as exc:
+        except AgiledartError as exc:
             log.warning("%s to %s failed: %s", type, address, exc)
             return None
 
@@ -927,7 +927,7 @@ class Scheduler:
             reply = await self.links.request(
                 address, "app_scheduled", {"app_id": app_id}, timeout=3.0
             )
-        except OverlayError:
+        except AgiledartError:
             return False
         return reply is True
 
@@ -957,7 +957,7 @@ class Scheduler:
             return False
         try:
             await self.links.request((str(address[0]), int(address[1])), "ring", {}, timeout=3.0)
-        except OverlayError:
+        except AgiledartError:
             return False
         return True
 
@@ -969,7 +969,7 @@ class Scheduler:
         body = {"app_id": rec.app_id}
         try:
             stats = await self.links.request(_addr(rec, peer), "app_stats", body, timeout=5.0)
-        except OverlayError:
+        except AgiledartError:
             return True  # not known to be gone: the failure stands
         return stats is not None
 
@@ -1117,7 +1117,7 @@ class Scheduler:
                 return name, address
             try:
                 await self.links.request(address, "ring", {}, timeout=3.0)
-            except OverlayError:
+            except AgiledartError:
                 continue
             return name, address
         return None
@@ -1231,7 +1231,7 @@ class Scheduler:
         """The closest leaf-set peer of ``peer`` that hosts nothing of ``rec`` and answers."""
         try:
             ring = await self.links.request(_addr(rec, peer), "ring", {}, timeout=5.0)
-        except OverlayError:
+        except AgiledartError:
             return None
         known: dict[str, Address] = {}
         for p in ring.get("peers", ()):
@@ -1245,7 +1245,7 @@ class Scheduler:
                 continue
             try:
                 await self.links.request(address, "ring", {}, timeout=3.0)
-            except OverlayError:
+            except AgiledartError:
                 continue
             return str(name), address
         return None
@@ -1313,7 +1313,7 @@ class Scheduler:
                         rec.scheduler, "status", {"app_id": app_id, "local": True}
                     )
                 )
-            except OverlayError:
+            except AgiledartError:
                 pass
         stats = rec.final if rec.state not in LIVE_STATES else await self.gather(rec)
         return status_view(rec, stats or {})
@@ -1326,7 +1326,7 @@ class Scheduler:
                     rec.scheduler, "stop", {"app_id": app_id, "local": True}
                 )
                 return AppRecord.from_wire(raw)
-            except OverlayError as exc:
+            except AgiledartError as exc:
                 log.warning("scheduler of %s unreachable (%s); stopping it from here", app_id, exc)
         if not await self._end(rec, "stopped"):
             await self._undeploy(rec)  # ended already: whatever is left of it goes
@@ -1652,17 +1652,30 @@ def _place_somewhere(
         try:
             return place(spec, paths, infos, slot_limit=limit)
         except PlacementError as exc:
-            if "no capacity" not in str(exc) or limit >= len(spec.operators):
+            if not isinstance(exc, NoCapacity) or limit >= len(spec.operators):
                 raise
             limit *= 2
 
 
-def _code_problems(spec: AppSpec, error: str) -> list[Problem]:
-    """The operator fields whose code a deployment error names (``code 1a2b3c...:``),
-    so a bundle found corrupt or missing by a host, after this scheduler validated its
-    own good copy, is reported against the field as validation would have."""
-    problems = []
-    for i, o in enumerate(spec.operators):
-        if o.fn and not o.fn.startswith("builtin:") and f"code {o.fn[:12]}..." in error:
-            problems.append(Problem(f"operators[{i}].fn", error))
-    return problems
+#: how far down an error's causes :func:`_code_problems` looks
+_CHAIN_LIMIT = 8
+
+
+def _code_problems(spec: AppSpec, error: BaseException) -> list[Problem]:
+    """The operator fields whose code a deployment error was caused by (a
+    :class:`CodeError` with its ``code_id``, from a host or from here), so a bundle found
+    corrupt or missing by a host, after this scheduler validated its own good copy, is
+    reported against the field as validation would have."""
+    cause: BaseException | None = error
+    for _ in range(_CHAIN_LIMIT):
+        if cause is None or (isinstance(cause, CodeError) and cause.code_id):
+            break
+        cause = cause.__cause__ or cause.__context__
+    if not isinstance(cause, CodeError):
+        return []
+    code_id = cause.code_id
+    return [
+        Problem(f"operators[{i}].fn", str(error))
+        for i, o in enumerate(spec.operators)
+        if o.fn and not o.fn.startswith("builtin:") and o.fn.partition(":")[0] == code_id
+    ]

@@ -532,7 +532,7 @@ class AppRuntime:
                 if await self.links.request(to, type, body, timeout=30.0) is not False:
                     return
                 problem = "it does not schedule the app (yet)"
-            except OverlayError as exc:
+            except AgiledartError as exc:
                 problem = str(exc)
             inst = self.instances.get(d.app_id)
             if inst is None or inst.deployment is not d:
@@ -592,7 +592,7 @@ class AppRuntime:
             try:
                 await self.links.request(address, type, body, timeout=30.0)
                 return
-            except OverlayError as exc:
+            except AgiledartError as exc:
                 log.warning("%s to the scheduler failed (%s), attempt %d", type, exc, attempt + 1)
                 await asyncio.sleep(1.0)
 
@@ -697,7 +697,7 @@ class AppRuntime:
             }
             try:
                 await self.links.request(rec.scheduler, "app_failed", body, timeout=10.0)
-            except OverlayError as exc:
+            except AgiledartError as exc:
                 log.warning("scheduler of %s not told of this restart: %s", rec.app_id, exc)
 
     async def _report_hosted(self, dead: str) -> None:
@@ -722,7 +722,7 @@ class AppRuntime:
                 continue
             try:
                 await self.links.request(rec.scheduler, "app_peer_dead", body, timeout=10.0)
-            except OverlayError as exc:
+            except AgiledartError as exc:
                 log.warning("scheduler of %s not told of %s's death: %s", rec.app_id, dead, exc)
 
     async def _app_peer_dead(self, req: dict[str, Any], conn: ConnectionInfo) -> bool:
@@ -863,7 +863,7 @@ class AppRuntime:
                 {**body, "generation": d.generation},
                 timeout=10.0,
             )
-        except OverlayError as exc:
+        except AgiledartError as exc:
             log.warning("app_scale of %s to its scheduler failed: %s", d.app_id, exc)
 
     async def _app_scale(self, req: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:

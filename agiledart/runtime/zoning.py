@@ -31,12 +31,13 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from agiledart.app.errors import AppError
 from agiledart.app.parse import Overrides, parse_spec
 from agiledart.errors import AgiledartError
 from agiledart.overlay.errors import MalformedError, OverlayError
 from agiledart.overlay.leafset import Membership, MembershipEvent
 from agiledart.overlay.node import OverlayNode
-from agiledart.overlay.tcp import ConnectionInfo, RemoteError
+from agiledart.overlay.tcp import ConnectionInfo
 from agiledart.runtime.links import Address, Links
 from agiledart.runtime.records import Records, record_key
 from agiledart.runtime.scheduler import LIVE_STATES, Scheduler
@@ -58,13 +59,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ForwardedError", "ZoneAgent"]
+__all__ = ["ZoneAgent"]
 
 Handler = Callable[[dict[str, Any], ConnectionInfo], Awaitable[Any]]
-
-
-class ForwardedError(AgiledartError):
-    """The scheduler an app was handed to refused or failed it; its message verbatim."""
 
 
 class ZoneAgent:
@@ -230,7 +227,7 @@ class ZoneAgent:
         try:
             raw = await self.links.request(address, "zone_ask", body, timeout=3.0)
             answer = _answer_from_wire(raw)
-        except (OverlayError, ZoneError) as exc:
+        except AgiledartError as exc:
             log.debug("zone_ask to %s failed: %s", name, exc)
             return None
         self._learn_answer(answer, raw)
@@ -274,9 +271,9 @@ class ZoneAgent:
         }
         try:
             res = await self.links.request(address, "zone_submit", body, timeout=120.0)
-        except RemoteError as exc:
-            raise ForwardedError(exc.remote_message) from None
         except OverlayError as exc:
+            if exc.remote_peer is not None:
+                raise  # the scheduler failed the app: its error stands, in its own type
             log.info("scheduler %s unreachable (%s): looking further", name, exc)
             raise _Refused(None) from None
         if not isinstance(res, dict):
@@ -388,7 +385,7 @@ class ZoneAgent:
     async def _gossip_with(self, address: Address) -> None:
         try:
             raw = await self.links.request(address, "zone_gossip", self._gossip_body(), timeout=3.0)
-        except OverlayError as exc:
+        except AgiledartError as exc:
             log.debug("zone gossip with %s failed: %s", address, exc)
             return
         self._merge(raw)
@@ -452,7 +449,7 @@ class ZoneAgent:
             try:
                 await self.links.request(chosen.address, "zone_adopt", {"dead": dead}, timeout=60)
                 return
-            except OverlayError as exc:
+            except AgiledartError as exc:
                 log.warning(
                     "%s did not adopt %s's apps (%s): adopting here", chosen.name, dead, exc
                 )
@@ -486,7 +483,9 @@ def _timed(res: dict[str, Any], received: float) -> dict[str, Any]:
     return {**res, "queue_ms": round(max(0.0, total - float(res.get("deploy_ms", 0.0))), 3)}
 
 
-class _Refused(Exception):
+class _Refused(AppError):
+    """A scheduler will not take this app (full, or not one); ``ad`` is its advert."""
+
     def __init__(self, ad: SchedulerAd | None) -> None:
         super().__init__("refused")
         self.ad = ad

@@ -35,16 +35,14 @@ def add_parser(
 def _dashboard_url(args: argparse.Namespace, call: Call, run: Callable[[Any], Any]) -> int:
     from agiledart.overlay.address import parse_address
     from agiledart.overlay.auth import load_cluster_key
-    from agiledart.overlay.tcp import RemoteError
+    from agiledart.overlay.errors import UnknownRequest
     from agiledart.site.dashboard import dashboard_token
     from agiledart.site.errors import NoSiteServices
     from agiledart.site.service import url_host
 
     try:
         where = run(call(args, "site", {}))
-    except RemoteError as exc:
-        if "no handler" not in exc.remote_message:
-            raise
+    except UnknownRequest:  # the peer runs no site services
         where = {"dashboard": None, "metrics": None}
     via_host = parse_address(args.via)[0] if args.via else "127.0.0.1"
     dashboard, metrics = where.get("dashboard"), where.get("metrics")

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from agiledart.traces.errors import TraceError
+
 __all__ = ["COMMON", "FIELDS", "NULLABLE", "SCHEMA_VERSION", "TraceSchemaError", "check"]
 
 SCHEMA_VERSION = 1
@@ -139,7 +141,7 @@ NULLABLE: dict[str, frozenset[str]] = {
 }
 
 
-class TraceSchemaError(ValueError):
+class TraceSchemaError(TraceError, ValueError):
     """A trace record that does not follow the schema."""
 
 

@@ -18,6 +18,7 @@ from agiledart.overlay.errors import (
     KeyMismatch,
     MalformedError,
     PeerUnreachable,
+    UnknownRequest,
 )
 from agiledart.overlay.frames import FrameConnection, Role
 from agiledart.overlay.tcp import (
@@ -116,13 +117,9 @@ async def test_handler_errors_become_typed_remote_errors() -> None:
         serving(server) as (host, port),
         await FrameClient.connect(host, port, key=KEY, name="alice") as client,
     ):
-        with pytest.raises(RemoteError) as info:
+        with pytest.raises(ConfigError) as refused:
             await client.request("refuses", timeout=5)
-        assert (info.value.error_type, info.value.remote_message) == (
-            "ConfigError",
-            "no such app: x",
-        )
-        assert info.value.peer == "bob"
+        assert (str(refused.value), refused.value.remote_peer) == ("no such app: x", "bob")
         with pytest.raises(RemoteError) as info:
             await client.request("crashes", timeout=5)
         assert info.value.error_type == "InternalError"
@@ -134,9 +131,9 @@ async def test_handler_errors_become_typed_remote_errors() -> None:
         with pytest.raises(RemoteError, match="exceeds the 4096-byte limit") as info:
             await client.request("big", timeout=5)
         assert info.value.error_type == "InternalError"
-        with pytest.raises(RemoteError) as info:
+        with pytest.raises(UnknownRequest) as unknown:
             await client.request("nope", timeout=5)
-        assert info.value.error_type == "UnknownRequest"
+        assert unknown.value.remote_peer == "bob"
         # none of that cost the connection
         assert (await client.request("echo", {"x": 1}, timeout=5))["echo"] == 1
         events = server.statistics().events

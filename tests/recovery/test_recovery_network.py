@@ -12,7 +12,7 @@ import pytest
 from support.processes import formed_cluster
 
 from agiledart.emulate import LocalCluster
-from agiledart.overlay.tcp import RemoteError
+from agiledart.overlay.errors import MalformedError
 from agiledart.runtime.checkpoints import CheckpointError, Holder, load, save
 from agiledart.runtime.links import Links
 
@@ -81,11 +81,12 @@ def test_a_corrupt_fragment_on_disk_is_skipped_for_a_spare(site: LocalCluster) -
 def test_garbage_fragments_are_refused(site: LocalCluster) -> None:
     async def probe() -> None:
         for body in ({"f": b"\x93garbage"}, {"f": "text"}, {}):
-            with pytest.raises(RemoteError) as info:
+            with pytest.raises((CheckpointError, MalformedError)) as info:
                 await site.request(1, "frag_put", body)
-            assert info.value.error_type in ("CheckpointError", "MalformedError")
-        with pytest.raises(RemoteError):
+            assert info.value.remote_peer == site.name(1)  # the holder refused, as itself
+        with pytest.raises(MalformedError) as refused:
             await site.request(1, "frag_get", {"app": APP, "instance": 3, "epoch": "x"})
+        assert refused.value.remote_peer == site.name(1)
         reply = await site.request(1, "frag_get", {"app": APP, "instance": "none", "epoch": 1})
         assert reply == {"fragments": [], "next": None, "held": False}
 

@@ -27,8 +27,9 @@ from typing import Any
 import pytest
 from support.processes import cli, cli_json, clusters, free_port, poll
 
+from agiledart.app.errors import SpecError
 from agiledart.emulate import LocalCluster
-from agiledart.overlay.errors import OverlayError
+from agiledart.errors import AgiledartError
 
 pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.timeout(900)]
 
@@ -119,7 +120,7 @@ class Check:
     async def name(self, i: int, name: str) -> bool:
         try:
             result = await self.cluster.request(i, "route", {"to": name}, timeout=15.0)
-        except OverlayError:
+        except AgiledartError:  # unreachable, or the name not found (yet)
             return False
         return bool(result["path"][-1]["name"] == name)
 
@@ -129,8 +130,10 @@ class Check:
         spec = app("probe", code_id, self.names[0], self.names[1], "{bogus: 1}")
         try:
             await self.cluster.request(i, "submit", {"spec": spec}, timeout=30.0)
-        except OverlayError as exc:
+        except SpecError as exc:
             return "unexpected keyword argument 'bogus'" in str(exc)
+        except AgiledartError:
+            return False
         return False
 
     async def apps(self, i: int, app_ids: list[str]) -> bool:
@@ -140,7 +143,7 @@ class Check:
                 (await self.cluster.request(i, "status", {"app_id": a}, timeout=15.0))["state"]
                 for a in app_ids
             ]
-        except OverlayError:
+        except AgiledartError:
             return False
         known = {a["app_id"]: a["state"] for a in listed}
         return all(known.get(a) == "finished" for a in app_ids) and set(states) == {"finished"}

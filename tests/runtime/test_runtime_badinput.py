@@ -17,10 +17,13 @@ from support.processes import formed_cluster
 
 from agiledart import apps
 from agiledart.app import AppSpec, parse_spec
+from agiledart.app.errors import ExecutionError, SpecError
 from agiledart.emulate import LocalCluster
+from agiledart.errors import AgiledartError
 from agiledart.operators.base import FINAL_WATERMARK
 from agiledart.overlay.errors import PeerUnreachable
-from agiledart.overlay.tcp import FrameClient, RemoteError
+from agiledart.overlay.tcp import FrameClient
+from agiledart.runtime.errors import UnknownApp
 from agiledart.runtime.instance import Deployment
 from agiledart.runtime.records import record_key
 from agiledart.runtime.scheduler import apps_index, utc_day
@@ -42,9 +45,11 @@ async def connect(site: LocalCluster, i: int) -> FrameClient:
     return await FrameClient.connect(host, port, key=site.key, name="prober", timeout=10.0)
 
 
-async def refused(site: LocalCluster, i: int, rpc: str, body: dict[str, Any]) -> RemoteError:
-    with pytest.raises(RemoteError) as info:
+async def refused(site: LocalCluster, i: int, rpc: str, body: dict[str, Any]) -> AgiledartError:
+    """The error peer ``i`` answered with: the class its handler raised, from that peer."""
+    with pytest.raises(AgiledartError) as info:
         await site.request(i, rpc, body, timeout=20.0)
+    assert info.value.remote_peer == site.name(i)
     return info.value
 
 
@@ -145,8 +150,8 @@ async def test_garbage_requests_get_typed_errors(
     i = len(rpc) % site.peers  # spread over the peers
     before = await trouble(site, i)
     exc = await refused(site, i, rpc, body)
-    assert exc.error_type == error, exc
-    assert message in exc.remote_message
+    assert type(exc).__name__ == error, exc
+    assert message in str(exc)
     assert await trouble(site, i) == before
 
 
@@ -208,7 +213,7 @@ async def test_garbage_deployments_are_refused_and_nothing_runs(site: LocalClust
     try:
         for body, error, message in deploy_garbage(site):
             exc = await refused(site, SENSOR_2, "deploy", body)
-            assert (exc.error_type, message in exc.remote_message) == (error, True), exc
+            assert (type(exc).__name__, message in str(exc)) == (error, True), exc
             ring = await site.request(SENSOR_2, "ring", {})
             assert "garbage-deploy" not in ring["apps"]
     finally:
@@ -245,11 +250,11 @@ async def test_deployments_that_cannot_be_built_are_refused(site: LocalCluster) 
     try:
         for body in bodies:
             exc = await refused(site, SENSOR_2, "deploy", body)
-            assert exc.error_type == "ExecutionError", exc
+            assert isinstance(exc, ExecutionError), exc
             if body is half:  # refused before anything is built
-                assert "places no peer for ['m', 'out']" in exc.remote_message
+                assert "places no peer for ['m', 'out']" in str(exc)
             else:
-                assert f"app {body['app_id']} cannot run on sensor-2" in exc.remote_message
+                assert f"app {body['app_id']} cannot run on sensor-2" in str(exc)
     finally:
         for body in bodies:
             await site.request(SENSOR_2, "undeploy", {"app_id": body["app_id"]})
@@ -263,8 +268,9 @@ async def test_user_code_that_exits_during_validation_is_a_spec_error(site: Loca
     code_id = (await site.request(GATEWAY_1, "register", {"source": FACTORIES}))["code_id"]
     spec = ONE_PEER.replace("builtin:identity", f"{code_id}:leave")
     exc = await refused(site, GATEWAY_1, "submit", {"spec": spec})
-    assert exc.error_type == "SpecError", exc
-    assert "operators[0].fn: SystemExit: 4" in exc.remote_message
+    assert isinstance(exc, SpecError), exc
+    assert exc.paths == ("operators[0].fn",)  # the problems crossed with their paths
+    assert "SystemExit: 4" in exc.problems[0].message
     assert await trouble(site, GATEWAY_1) == before
 
 
@@ -402,8 +408,8 @@ async def test_a_malformed_app_record_is_an_unknown_app_and_apps_still_lists(
         assert listed[CORRUPT] == "unknown"
         for rpc in ("status", "stop"):
             exc = await refused(site, i, rpc, {"app_id": CORRUPT})
-            assert exc.error_type == "UnknownApp", exc
-            assert "malformed" in exc.remote_message
+            assert isinstance(exc, UnknownApp), exc
+            assert "malformed" in str(exc)
     assert [await trouble(site, i) for i in range(site.peers)] == before
 
 

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from support.processes import cli_json, free_port, poll
 
+from agiledart.app.errors import SpecError
 from agiledart.emulate import LocalCluster
 
 pytestmark = [pytest.mark.processes]
@@ -124,6 +125,14 @@ def test_a_killed_scheduler_s_apps_keep_producing_and_are_adopted_in_its_zone(
     assert scheduling(site, EDGE_1)["apps"] == 2
     apps = {a["app_id"]: a for a in request(site, SENSOR_2, "apps", {})}
     assert {apps[first]["scheduler"], apps[second]["scheduler"]} == {"edge-1"}
+    # an app the scheduler refuses: its SpecError crosses two peers (edge-1, which
+    # validates it, to edge-2, which handed it over, to here) with every problem's path
+    unregistered = endless("unregistered")
+    unregistered["operators"][0]["fn"] = "ab" * 32 + ":f"
+    with pytest.raises(SpecError) as refused:
+        request(site, EDGE_2, "submit", {"spec": unregistered})
+    assert refused.value.paths == ("operators[0].fn",)
+    assert refused.value.remote_peer == "edge-2"
 
     def produced(app_id: str) -> int:
         return int(status(site, app_id, SENSOR_2)["totals"]["sink_records"])

@@ -14,13 +14,15 @@ import socket
 import struct
 from typing import Any
 
+from agiledart.app.errors import ExecutionError
+
 __all__ = ["MAX_FRAME", "WorkerGone", "pack", "read_frame", "recv_frame", "send_frame"]
 
 MAX_FRAME = 512 * 1024 * 1024
 _HEADER = struct.Struct(">I")
 
 
-class WorkerGone(EOFError):
+class WorkerGone(ExecutionError, EOFError):
     """The other end closed the stream (the process exited or was killed)."""
 
 
