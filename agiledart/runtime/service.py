@@ -942,9 +942,5 @@ def left_to(
     to the other on the first death, and nobody would revisit it."""
     dead_ids = {c.node_id: c for c in gone if c.name}
     dead_ids[dead.node_id] = dead
-    alive = [c.node_id for c in leaf_set if c.node_id not in dead_ids]
-    return [
-        c
-        for c in dead_ids.values()
-        if c.name and min([me, *alive], key=lambda n, c=c: n ^ c.node_id) == me
-    ]
+    candidates = [me, *(c.node_id for c in leaf_set if c.node_id not in dead_ids)]
+    return [c for c in dead_ids.values() if c.name and min(candidates, key=c.node_id.__xor__) == me]
