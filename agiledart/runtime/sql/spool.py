@@ -1,0 +1,117 @@
+"""A ``sql`` sink's store-and-forward buffer: sealed epochs (or batches) waiting for
+the database, in order, in files on the sink's peer's disk, at most ``limit`` bytes.
+
+One file per entry, ``<seq>_<epoch>_<rows>.json`` (epoch ``b``: a batch without
+checkpoints), written to a temporary name, fsynced and renamed, so a peer killed
+mid-write leaves the entry whole or absent. Entries outlive the peer: a sink reopened
+on the restarted peer finds them and sends them on. An entry that would pass the
+bound is refused (the caller counts its rows as dropped), never written in part.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agiledart.runtime.sql.db import FINAL_EPOCH, Batch
+
+__all__ = ["Entry", "Spool"]
+
+_NAME = re.compile(r"^(\d{12})_(-?\d+|b)_(\d+)\.json$")
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    seq: int
+    epoch: int | None
+    rows: int
+    size: int
+    path: Path
+
+
+class Spool:
+    """The entries in ``folder`` (made if missing), oldest first."""
+
+    def __init__(self, folder: Path, limit: int) -> None:
+        self.folder = folder
+        self.limit = limit
+        folder.mkdir(parents=True, exist_ok=True)
+        self.entries: list[Entry] = []
+        for path in sorted(folder.iterdir()):
+            m = _NAME.match(path.name)
+            if m is None:  # a temporary file of a write that did not finish
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                continue
+            epoch = None if m.group(2) == "b" else int(m.group(2))
+            size = path.stat().st_size
+            self.entries.append(Entry(int(m.group(1)), epoch, int(m.group(3)), size, path))
+        self._next = self.entries[-1].seq + 1 if self.entries else 0
+
+    @property
+    def bytes(self) -> int:
+        return sum(e.size for e in self.entries)
+
+    @property
+    def rows(self) -> int:
+        return sum(e.rows for e in self.entries)
+
+    def append(self, batch: Batch) -> bool:
+        """Write ``batch`` as the newest entry; False (nothing written) if it would
+        take the spool past its limit."""
+        data = json.dumps(
+            {"epoch": batch.epoch, "columns": batch.columns, "rows": batch.rows},
+            separators=(",", ":"),
+            allow_nan=False,
+        ).encode("utf-8")
+        if self.bytes + len(data) > self.limit:
+            return False
+        tag = "b" if batch.epoch is None else str(batch.epoch)
+        path = self.folder / f"{self._next:012d}_{tag}_{len(batch.rows)}.json"
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _sync_dir(self.folder)
+        self.entries.append(Entry(self._next, batch.epoch, len(batch.rows), len(data), path))
+        self._next += 1
+        return True
+
+    def load(self, entry: Entry) -> Batch:
+        raw: dict[str, Any] = json.loads(entry.path.read_bytes())
+        columns = tuple((str(n), str(t)) for n, t in raw["columns"])
+        return Batch(raw["epoch"], columns, raw["rows"])
+
+    def remove(self, entries: list[Entry]) -> None:
+        for entry in entries:
+            with contextlib.suppress(FileNotFoundError):
+                entry.path.unlink()
+        gone = {e.seq for e in entries}
+        self.entries = [e for e in self.entries if e.seq not in gone]
+        _sync_dir(self.folder)
+
+    def drop_after(self, epoch: int | None) -> None:
+        """Forget the epochs after ``epoch`` (None: every entry): a restored app
+        replays them."""
+        self.remove([e for e in self.entries if not _kept(e.epoch, epoch)])
+
+
+def _kept(entry: int | None, committed: int | None) -> bool:
+    """Whether an entry of epoch ``entry`` survives a restore from ``committed``: an
+    epoch up to it (not a batch, nor the rows after the last epoch: FINAL_EPOCH)."""
+    return entry is not None and committed is not None and FINAL_EPOCH < entry <= committed
+
+
+def _sync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
