@@ -192,6 +192,8 @@ class NodeParser:
             )
 
     def sql_params(self, path: str, params: dict[str, Any]) -> None:
+        if params.get("password_env") and str(params.get("url", "sqlite")).startswith("sqlite"):
+            self.add(f"{path}.password_env", "a SQLite database has no password: remove it")
         keys = params.get("upsert_on")
         if keys is None:
             return
@@ -203,8 +205,6 @@ class NodeParser:
                 self.add(f"{path}.upsert_on", f"{key!r} is not a column name")
             elif declared is not None and key not in declared:
                 self.add(f"{path}.upsert_on", f"{key!r} is not one of the columns")
-        if params.get("password_env") and str(params.get("url", "")).startswith("sqlite"):
-            self.add(f"{path}.password_env", "a SQLite database has no password: remove it")
 
     def operator(self, i: int, raw: Any) -> OperatorSpec:
         path = f"operators[{i}]"

@@ -88,7 +88,7 @@ _SQL_TYPE = re.compile(r"^[A-Za-z][A-Za-z ]*(\(\d+(, ?\d+)?\))?$")
 
 
 def _identifier_problem(v: str) -> str | None:
-    return None if _IDENTIFIER.match(v) else "use letters, digits and _ (not first a digit)"
+    return None if _IDENTIFIER.match(v) else "not first a digit, no other characters"
 
 
 def _db_url_problem(v: str) -> str | None:
@@ -96,7 +96,7 @@ def _db_url_problem(v: str) -> str | None:
         return None
     if v.startswith(("postgresql://", "postgres://")):
         return None
-    return "use sqlite:///FILE or postgresql://USER@HOST:PORT/DB"
+    return "an unknown kind of database"
 
 
 def _columns(v: Any) -> bool:
