@@ -140,7 +140,8 @@ async def test_upsert_keeps_one_row_per_key_with_the_last_values(
 async def test_a_database_that_is_down_keeps_rows_on_disk_across_a_restart_and_in_order(
     postgres: Postgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = postgres.create_db("outage")
+    db = postgres.create_db("outage")
+    url = postgres.url(db)
     monkeypatch.setenv("AGILEDART_SECRET_PG", PASSWORD)
     params = {"url": url, "password_env": "AGILEDART_SECRET_PG", "table": "t"}
 
@@ -179,11 +180,9 @@ async def test_a_database_that_is_down_keeps_rows_on_disk_across_a_restart_and_i
     finally:
         again.close()
         await asyncio.gather(task, return_exceptions=True)
-    got = postgres.query("SELECT e, i FROM t ORDER BY e, i", db="outage")
+    got = postgres.query("SELECT e, i FROM t ORDER BY e, i", db=db)
     assert got == [(e, i) for e in (1, 2, 3) for i in range(100)]
-    applied = postgres.query(
-        "SELECT epoch FROM agiledart_sink_epochs ORDER BY applied_at", "outage"
-    )
+    applied = postgres.query("SELECT epoch FROM agiledart_sink_epochs ORDER BY applied_at", db)
     assert applied == [(1,), (2,), (3,)]  # in order
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import os
 import pwd
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -86,10 +87,11 @@ class Postgres:
             cur = conn.execute(sql)
             return list(cur.fetchall()) if cur.description else []
 
-    def create_db(self, name: str) -> str:
-        """A fresh database ``name``; its URL."""
+    def create_db(self, hint: str) -> str:
+        """A fresh database named after ``hint`` (unique in the session); its name."""
+        name = f"{hint}_{secrets.token_hex(4)}"
         self.query(f'CREATE DATABASE "{name}"')
-        return self.url(name)
+        return name
 
 
 def start_postgres() -> Postgres:
