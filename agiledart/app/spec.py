@@ -57,7 +57,7 @@ MERGE_OPERATORS = frozenset({"join", "union"})
 STATEFUL_OPERATORS = frozenset({"window", "join", "top_k", "dedupe", "aggregate"})
 AGGREGATES = ("count", "sum", "mean", "min", "max")
 SOURCE_CONNECTORS = ("generator", "file", "mqtt")
-SINK_CONNECTORS = ("file", "mqtt", "sql", "stdout", "discard")
+SINK_CONNECTORS = ("file", "mqtt", "stdout", "discard", "sql")
 DATASETS = ("urban", "taxi", "words", "counter")
 #: Placement strategies (agiledart.strategies): JOIN routing, RTR, RTR+RP and baselines.
 PLACEMENTS = ("join-routing", "rtr", "rtr-rp", "cloud-only", "lb", "random")
