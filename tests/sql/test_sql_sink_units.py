@@ -5,6 +5,7 @@ the database is down, a full buffer counted, and specs checked when they are par
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import sqlite3
 from collections.abc import AsyncIterator, Callable
@@ -243,3 +244,18 @@ def test_a_peer_confines_the_sql_sink(tmp_path: Path) -> None:
     sink = open_sink(spec_of(), out_dir=out, policy=policy)
     assert sink.path == out / "out.db"
     sink.close()
+
+
+def test_two_instances_applying_one_epoch_at_once_apply_it_once(postgres: Postgres) -> None:
+    """An old instance still finishing its transaction while the restored one sends the
+    same epoch: the second waits for the first, finds the epoch recorded, skips it."""
+    db = postgres.create_db("race")
+    target = Target(dialect="postgresql", location=postgres.url(db), table="t", password=PASSWORD)
+    batch = Batch(3, (("n", "BIGINT"),), [[i] for i in range(1000)])
+    first, second = Database(target), Database(target)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(lambda d: d.apply("app1", "out", "p", [batch]), [first, second]))
+    first.close()
+    second.close()
+    assert sorted(done) == [0, 1000]
+    assert postgres.query("SELECT count(*) FROM t", db) == [(1000,)]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import psycopg.errors
 
 from agiledart.app.errors import ExecutionError
 
@@ -180,16 +181,10 @@ class Database:
 
     # -- statements ------------------------------------------------------------------
 
-    def ping(self) -> None:
-        """Connect (if not connected) and make the bookkeeping table; DatabaseDown if
-        the database cannot be reached."""
-        with self._transaction() as cur:
-            self._bookkeeping(cur)
-
     def applied(self, app: str, sink: str, epoch: int) -> bool:
         """Whether ``epoch`` of ``sink`` (``FINAL_EPOCH``: its whole output) is in."""
+        self._bookkeeping()
         with self._transaction() as cur:
-            self._bookkeeping(cur)
             return self._has(cur, app, sink, epoch)
 
     def apply(
@@ -199,30 +194,50 @@ class Database:
         already) and its epoch recorded; with ``final`` also ``FINAL_EPOCH``. The rows
         written."""
         written = 0
+        self._bookkeeping()
+        columns = next((b.columns for b in batches if b.rows), None)
+        if columns is not None:
+            self._table(columns)
         with self._transaction() as cur:
-            self._bookkeeping(cur)
             for batch in batches:
-                if batch.epoch is not None and self._has(cur, app, sink, batch.epoch):
+                # recorded first: a sink applying the same epoch at the same moment (an
+                # old instance still finishing) waits for it, then finds it recorded
+                if batch.epoch is not None and not self._record(
+                    cur, app, sink, instance, batch.epoch
+                ):
                     continue
                 if batch.rows:
-                    self._table(cur, batch.columns)
                     cur.executemany(self._insert(batch.columns), batch.rows)
                     written += len(batch.rows)
-                if batch.epoch is not None:
-                    self._record(cur, app, sink, instance, batch.epoch)
-            if final and not self._has(cur, app, sink, FINAL_EPOCH):
+            if final:
                 self._record(cur, app, sink, instance, FINAL_EPOCH)
         return written
 
-    def _bookkeeping(self, cur: Any) -> None:
-        if EPOCHS_TABLE in self._ready:
-            return
-        cur.execute(
+    def _bookkeeping(self) -> None:
+        self._create(
+            EPOCHS_TABLE,
             f"CREATE TABLE IF NOT EXISTS {EPOCHS_TABLE} (app TEXT NOT NULL, "
             "sink TEXT NOT NULL, instance TEXT NOT NULL, epoch BIGINT NOT NULL, "
-            "applied_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (app, sink, epoch))"
+            "applied_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (app, sink, epoch))",
         )
-        self._ready.add(EPOCHS_TABLE)
+
+    def _create(self, name: str, sql: str) -> None:
+        """``CREATE TABLE IF NOT EXISTS`` in a transaction of its own. Two PostgreSQL
+        sessions making one table at once: the second fails on a unique index of the
+        catalogue; the table is there then, which is all that is asked."""
+        if name in self._ready:
+            return
+        with self._errors():
+            cur = self._cursor()
+            if self.target.dialect == "sqlite":
+                cur.execute(sql)
+            else:
+                try:
+                    cur.execute(sql)
+                    self._conn.commit()
+                except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+                    self._conn.rollback()
+        self._ready.add(name)
 
     def _has(self, cur: Any, app: str, sink: str, epoch: int) -> bool:
         m = self._mark
@@ -232,23 +247,22 @@ class Database:
         )
         return cur.fetchone() is not None
 
-    def _record(self, cur: Any, app: str, sink: str, instance: str, epoch: int) -> None:
+    def _record(self, cur: Any, app: str, sink: str, instance: str, epoch: int) -> bool:
+        """Record ``epoch``; False if it was recorded already."""
         m = self._mark
         cur.execute(
             f"INSERT INTO {EPOCHS_TABLE} (app, sink, instance, epoch, applied_at) "
-            f"VALUES ({m}, {m}, {m}, {m}, {m})",
+            f"VALUES ({m}, {m}, {m}, {m}, {m}) ON CONFLICT (app, sink, epoch) DO NOTHING",
             (app, sink, instance, epoch, time.time()),
         )
+        return bool(cur.rowcount == 1)
 
-    def _table(self, cur: Any, columns: tuple[tuple[str, str], ...]) -> None:
+    def _table(self, columns: tuple[tuple[str, str], ...]) -> None:
         t = self.target
-        if t.table in self._ready:
-            return
         cols = [f"{_quote(n)} {typ}" for n, typ in columns]
         if t.upsert_on:
             cols.append(f"PRIMARY KEY ({', '.join(_quote(c) for c in t.upsert_on)})")
-        cur.execute(f"CREATE TABLE IF NOT EXISTS {_quote(t.table)} ({', '.join(cols)})")
-        self._ready.add(t.table)
+        self._create(t.table, f"CREATE TABLE IF NOT EXISTS {_quote(t.table)} ({', '.join(cols)})")
 
     def _insert(self, columns: tuple[tuple[str, str], ...]) -> str:
         t = self.target

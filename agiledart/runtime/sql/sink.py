@@ -204,7 +204,7 @@ class SqlSink:
         delay = RETRY_S[0]
         next_batch = loop.time() + self.flush_s
         while not self._closed:
-            due = bool(self._rows) and loop.time() >= next_batch
+            due = bool(self._rows) and (loop.time() >= next_batch or len(self._rows) >= BATCH_ROWS)
             if not self.checkpointed and (due or self._ending):
                 await self._cut_batch()
                 next_batch = loop.time() + self.flush_s
@@ -251,15 +251,18 @@ class SqlSink:
             await self._apply([head])
 
     async def _apply(self, entries: list[Entry], *, final: bool = False) -> None:
-        batches = [self.spool.load(e) for e in entries]
-        written = await self._call(
-            self._db.apply, self.app_id, self.id, self.instance, batches, final=final
-        )
+        written = await self._call(self._send, entries, final)
         self._up()
         self.stats.records += written
-        self.spool.remove(entries)
         if final:
             self._complete = True
+
+    def _send(self, entries: list[Entry], final: bool) -> int:
+        """In the database's thread: ``entries`` into the database, then off the disk."""
+        batches = [self.spool.load(e) for e in entries]
+        written = self._db.apply(self.app_id, self.id, self.instance, batches, final=final)
+        self.spool.remove(entries)
+        return written
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         loop = asyncio.get_running_loop()

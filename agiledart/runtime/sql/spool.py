@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,8 @@ class Spool:
             size = path.stat().st_size
             self.entries.append(Entry(int(m.group(1)), epoch, int(m.group(3)), size, path))
         self._next = self.entries[-1].seq + 1 if self.entries else 0
+        #: entries are added by one thread and removed by another
+        self._lock = threading.Lock()
 
     @property
     def bytes(self) -> int:
@@ -69,10 +72,12 @@ class Spool:
             separators=(",", ":"),
             allow_nan=False,
         ).encode("utf-8")
-        if self.bytes + len(data) > self.limit:
-            return False
+        with self._lock:
+            if self.bytes + len(data) > self.limit:
+                return False
+            seq, self._next = self._next, self._next + 1
         tag = "b" if batch.epoch is None else str(batch.epoch)
-        path = self.folder / f"{self._next:012d}_{tag}_{len(batch.rows)}.json"
+        path = self.folder / f"{seq:012d}_{tag}_{len(batch.rows)}.json"
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb") as f:
             f.write(data)
@@ -80,8 +85,8 @@ class Spool:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _sync_dir(self.folder)
-        self.entries.append(Entry(self._next, batch.epoch, len(batch.rows), len(data), path))
-        self._next += 1
+        with self._lock:
+            self.entries.append(Entry(seq, batch.epoch, len(batch.rows), len(data), path))
         return True
 
     def load(self, entry: Entry) -> Batch:
@@ -94,7 +99,8 @@ class Spool:
             with contextlib.suppress(FileNotFoundError):
                 entry.path.unlink()
         gone = {e.seq for e in entries}
-        self.entries = [e for e in self.entries if e.seq not in gone]
+        with self._lock:
+            self.entries = [e for e in self.entries if e.seq not in gone]
         _sync_dir(self.folder)
 
     def drop_after(self, epoch: int | None) -> None:
