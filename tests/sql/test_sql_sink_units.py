@@ -16,6 +16,7 @@ import pytest
 from support.postgres import PASSWORD, Postgres
 
 from agiledart.app import SpecError, parse_spec
+from agiledart.app.errors import ExecutionError
 from agiledart.app.spec import SinkSpec
 from agiledart.runtime.confine import DataPolicy, EnvNotAllowed, PathNotAllowed
 from agiledart.runtime.connectors import open_sink
@@ -259,3 +260,18 @@ def test_two_instances_applying_one_epoch_at_once_apply_it_once(postgres: Postgr
     second.close()
     assert sorted(done) == [0, 1000]
     assert postgres.query("SELECT count(*) FROM t", db) == [(1000,)]
+
+
+async def test_a_table_with_other_columns_fails_the_sink_with_the_databases_reason(
+    tmp_path: Path,
+) -> None:
+    with contextlib.closing(sqlite3.connect(tmp_path / "out.db")) as conn:
+        conn.execute("CREATE TABLE t (other TEXT)")
+    sink = SqlSink(spec_of(), app_id="app1", instance="p", out_dir=tmp_path, checkpointed=True)
+    task = asyncio.create_task(sink.run())
+    sink.write([{"k": "a", "n": 1}])
+    await sink.seal(1)
+    sink.committed_epoch(1)
+    with pytest.raises(ExecutionError, match=r"sink 'out': the database refused .*column"):
+        await asyncio.wait_for(task, 10)
+    sink.close()
