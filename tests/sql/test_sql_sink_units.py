@@ -275,3 +275,34 @@ async def test_a_table_with_other_columns_fails_the_sink_with_the_databases_reas
     with pytest.raises(ExecutionError, match=r"sink 'out': the database refused .*column"):
         await asyncio.wait_for(task, 10)
     sink.close()
+
+
+async def test_a_long_epoch_waits_on_disk_not_in_memory_and_goes_out_whole(
+    sinks: Open, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("agiledart.runtime.sql.sink.BATCH_ROWS", 100)
+    sink = sinks()
+    for i in range(10):
+        sink.write([{"k": f"{i}-{j}", "n": i} for j in range(50)])
+        await asyncio.sleep(0.05)  # the forwarder moves what passed 100 rows to disk
+    assert sink.buffered()["buffered_rows"] >= 400  # on disk before the barrier
+    await sink.seal(1)
+    sink.write([{"k": "next", "n": 99}])  # epoch 2's
+    assert sink.buffered()["buffered_rows"] == 500
+    sink.committed_epoch(1)
+    await until(lambda: sink.stats.records == 500)
+    assert len(rows(tmp_path / "out.db")) == 500
+    epochs = rows(tmp_path / "out.db", "agiledart_sink_epochs")
+    assert [e[3] for e in epochs] == [1]  # one epoch, applied once
+
+
+async def test_rows_of_an_unsealed_epoch_on_disk_are_forgotten_by_a_restore(
+    sinks: Open, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("agiledart.runtime.sql.sink.BATCH_ROWS", 100)
+    first = sinks()
+    first.write([{"k": str(j), "n": 1} for j in range(300)])
+    await until(lambda: first.buffered()["buffered_rows"] == 300)
+    first.close()  # died before the barrier: those rows are replayed
+    again = sinks(resume={"epoch": 0})
+    assert again.buffered()["buffered_rows"] == 0

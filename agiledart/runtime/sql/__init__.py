@@ -12,6 +12,10 @@ database in order, each in one transaction that also records (app, sink, instanc
 epoch) in the bookkeeping table (:mod:`.db`): an epoch already recorded is skipped, so
 an epoch sent again after a crash is never applied twice.
 
+An epoch's rows wait in memory up to ``BATCH_ROWS``; past that they go to the spool
+as rows of the open epoch, which its seal renames (so a long epoch fills no memory).
+The epochs' entries go out in one transaction per epoch.
+
 *Recovery.* A restore from committed epoch R keeps the spooled epochs up to R (they
 go out) and forgets the later ones (the replay makes them again); a sink's peer is
 pinned and its spool outlives the peer's restart. *The end.* When every input has

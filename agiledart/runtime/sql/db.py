@@ -191,26 +191,30 @@ class Database:
         self, app: str, sink: str, instance: str, batches: Sequence[Batch], *, final: bool = False
     ) -> int:
         """In one transaction: every batch's rows (an epoch's unless it is recorded
-        already) and its epoch recorded; with ``final`` also ``FINAL_EPOCH``. The rows
-        written."""
+        already; an epoch may come in several batches) and its epoch recorded; with
+        ``final`` also ``FINAL_EPOCH``. The rows written."""
         written = 0
         self._bookkeeping()
         columns = next((b.columns for b in batches if b.rows), None)
         if columns is not None:
             self._table(columns)
         with self._transaction() as cur:
+            fresh: dict[int, bool] = {}  #: epoch -> whether this transaction records it
+            if final:  # the whole output: all or (already there) nothing
+                fresh[FINAL_EPOCH] = self._record(cur, app, sink, instance, FINAL_EPOCH)
+                if not fresh[FINAL_EPOCH]:
+                    return 0
             for batch in batches:
                 # recorded first: a sink applying the same epoch at the same moment (an
                 # old instance still finishing) waits for it, then finds it recorded
-                if batch.epoch is not None and not self._record(
-                    cur, app, sink, instance, batch.epoch
-                ):
+                epoch = batch.epoch
+                if epoch is not None and epoch not in fresh:
+                    fresh[epoch] = self._record(cur, app, sink, instance, epoch)
+                if epoch is not None and not fresh[epoch]:
                     continue
                 if batch.rows:
                     cur.executemany(self._insert(batch.columns), batch.rows)
                     written += len(batch.rows)
-            if final:
-                self._record(cur, app, sink, instance, FINAL_EPOCH)
         return written
 
     def _bookkeeping(self) -> None:
@@ -235,7 +239,11 @@ class Database:
                 try:
                     cur.execute(sql)
                     self._conn.commit()
-                except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+                except (
+                    psycopg.errors.UniqueViolation,
+                    psycopg.errors.DuplicateTable,
+                    psycopg.errors.DuplicateObject,
+                ):
                     self._conn.rollback()
         self._ready.add(name)
 

@@ -11,6 +11,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
+from itertools import takewhile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -61,6 +62,13 @@ def _value(v: Any) -> Any:
         with contextlib.suppress(TypeError, ValueError):
             return _value(item())
     return json.dumps(v, sort_keys=True, default=str)
+
+
+def _same_epoch(head: Entry, rest: list[Entry]) -> list[Entry]:
+    """The entries after ``head`` of its epoch (an epoch's rows go out together)."""
+    if head.epoch is None:
+        return []
+    return list(takewhile(lambda e: e.epoch == head.epoch and not e.open, rest))
 
 
 class SqlSink:
@@ -146,7 +154,7 @@ class SqlSink:
         names = [n for n, _ in self._columns]
         self._rows.extend([_value(r.get(n)) for n in names] for r in records)
         self.stats.batches += 1
-        if not self.checkpointed and len(self._rows) >= BATCH_ROWS:
+        if len(self._rows) >= BATCH_ROWS:  # to disk, not to the memory's end
             self._wake.set()
 
     def flush(self) -> None:
@@ -165,9 +173,12 @@ class SqlSink:
     async def seal(self, epoch: int) -> dict[str, Any]:
         """Barrier ``epoch`` passed: its rows wait on disk for the epoch's commit
         (:meth:`committed`); what a restore from ``epoch`` needs of this sink."""
-        rows, self._rows = self._rows, []
-        if rows and not self._complete:
-            await self._append(Batch(epoch, self._columns or (), rows))
+        rows, self._rows = self._rows, []  # the barrier's moment: later rows are not E's
+        async with self._lock:
+            if rows and not self._complete:
+                await self._put(Batch(epoch, self._columns or (), rows))
+            if any(e.open for e in self.spool.entries):
+                await asyncio.to_thread(self._disk, self.spool.seal_open, epoch)
         return {"epoch": epoch}
 
     def committed_epoch(self, epoch: int) -> None:
@@ -176,9 +187,18 @@ class SqlSink:
             self.committed = epoch
             self._wake.set()
 
-    async def _append(self, batch: Batch) -> None:
-        async with self._lock:
-            ok = await asyncio.to_thread(self._spool_append, batch)
+    async def _spill(self, *, pending: bool) -> None:
+        """The rows so far to the spool: ``pending``, rows of the epoch not sealed yet,
+        else a batch (without checkpoints)."""
+        rows, self._rows = self._rows, []
+        if rows:
+            async with self._lock:
+                await self._put(Batch(None, self._columns or (), rows), pending=pending)
+
+    async def _put(self, batch: Batch, *, pending: bool = False) -> None:
+        """``batch`` to the spool, or counted as dropped if it does not fit (the caller
+        holds the lock: entries go in the order their rows came)."""
+        ok = await asyncio.to_thread(self._disk, self.spool.append, batch, pending=pending)
         if not ok:
             self.stats.dropped += len(batch.rows)
             self.overflowed += 1
@@ -188,9 +208,9 @@ class SqlSink:
             )  # fmt: skip
         self._wake.set()
 
-    def _spool_append(self, batch: Batch) -> bool:
+    def _disk(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         try:
-            return self.spool.append(batch)
+            return fn(*args, **kw)
         except OSError as e:
             msg = f"sink {self.id!r}: cannot write its buffer {self.spool.folder}: {e}"
             raise ExecutionError(msg) from e
@@ -206,8 +226,10 @@ class SqlSink:
         while not self._closed:
             due = bool(self._rows) and (loop.time() >= next_batch or len(self._rows) >= BATCH_ROWS)
             if not self.checkpointed and (due or self._ending):
-                await self._cut_batch()
+                await self._spill(pending=False)
                 next_batch = loop.time() + self.flush_s
+            elif self.checkpointed and len(self._rows) >= BATCH_ROWS and not self._complete:
+                await self._spill(pending=True)
             try:
                 await self._forward()
             except DatabaseDown as e:
@@ -229,11 +251,6 @@ class SqlSink:
             await asyncio.wait_for(self._wake.wait(), seconds)
         self._wake.clear()
 
-    async def _cut_batch(self) -> None:
-        rows, self._rows = self._rows, []
-        if rows:
-            await self._append(Batch(None, self._columns or (), rows))
-
     async def _forward(self) -> None:
         if self._complete is None:
             self._complete = await self._call(self._db.applied, self.app_id, self.id, FINAL_EPOCH)
@@ -245,10 +262,12 @@ class SqlSink:
             await self._apply(list(self.spool.entries), final=True)
             return
         while self.spool.entries:
-            head = self.spool.entries[0]
-            if head.epoch is not None and (self.committed is None or head.epoch > self.committed):
+            head, *rest = self.spool.entries
+            if head.open or (
+                head.epoch is not None and (self.committed is None or head.epoch > self.committed)
+            ):
                 return
-            await self._apply([head])
+            await self._apply([head, *_same_epoch(head, rest)])  # one transaction
 
     async def _apply(self, entries: list[Entry], *, final: bool = False) -> None:
         written = await self._call(self._send, entries, final)
@@ -285,7 +304,8 @@ class SqlSink:
         still waiting; until the database holds them all (however long it is down)."""
         if self.checkpointed and self._rows and not self._complete:
             rows, self._rows = self._rows, []
-            await self._append(Batch(FINAL_EPOCH, self._columns or (), rows))
+            async with self._lock:
+                await self._put(Batch(FINAL_EPOCH, self._columns or (), rows))
         self._ending = True
         self._wake.set()
         await self._drained.wait()

@@ -2,8 +2,10 @@
 the database, in order, in files on the sink's peer's disk, at most ``limit`` bytes.
 
 One file per entry, ``<seq>_<epoch>_<rows>.json`` (epoch ``b``: a batch without
-checkpoints), written to a temporary name, fsynced and renamed, so a peer killed
-mid-write leaves the entry whole or absent. Entries outlive the peer: a sink reopened
+checkpoints; ``o``: rows of the epoch not sealed yet, put on disk so that a long epoch
+does not fill the memory, renamed to their epoch when it is sealed), written to a
+temporary name, fsynced and renamed, so a peer killed mid-write leaves the entry
+whole or absent. Entries outlive the peer: a sink reopened
 on the restarted peer finds them and sends them on. An entry that would pass the
 bound is refused (the caller counts its rows as dropped), never written in part.
 """
@@ -23,16 +25,17 @@ from agiledart.runtime.sql.db import FINAL_EPOCH, Batch
 
 __all__ = ["Entry", "Spool"]
 
-_NAME = re.compile(r"^(\d{12})_(-?\d+|b)_(\d+)\.json$")
+_NAME = re.compile(r"^(\d{12})_(-?\d+|b|o)_(\d+)\.json$")
 
 
 @dataclass(frozen=True, slots=True)
 class Entry:
     seq: int
-    epoch: int | None
+    epoch: int | None  #: None: a batch, or rows of the open epoch
     rows: int
     size: int
     path: Path
+    open: bool = False  #: rows of the epoch not sealed yet
 
 
 class Spool:
@@ -49,9 +52,11 @@ class Spool:
                 with contextlib.suppress(OSError):
                     path.unlink()
                 continue
-            epoch = None if m.group(2) == "b" else int(m.group(2))
+            tag = m.group(2)
+            epoch = None if tag in ("b", "o") else int(tag)
             size = path.stat().st_size
-            self.entries.append(Entry(int(m.group(1)), epoch, int(m.group(3)), size, path))
+            seq, rows = int(m.group(1)), int(m.group(3))
+            self.entries.append(Entry(seq, epoch, rows, size, path, open=tag == "o"))
         self._next = self.entries[-1].seq + 1 if self.entries else 0
         #: entries are added by one thread and removed by another
         self._lock = threading.Lock()
@@ -64,9 +69,9 @@ class Spool:
     def rows(self) -> int:
         return sum(e.rows for e in self.entries)
 
-    def append(self, batch: Batch) -> bool:
-        """Write ``batch`` as the newest entry; False (nothing written) if it would
-        take the spool past its limit."""
+    def append(self, batch: Batch, *, pending: bool = False) -> bool:
+        """Write ``batch`` as the newest entry (``pending``: rows of the epoch not sealed
+        yet); False (nothing written) if it would take the spool past its limit."""
         data = json.dumps(
             {"epoch": batch.epoch, "columns": batch.columns, "rows": batch.rows},
             separators=(",", ":"),
@@ -76,7 +81,7 @@ class Spool:
             if self.bytes + len(data) > self.limit:
                 return False
             seq, self._next = self._next, self._next + 1
-        tag = "b" if batch.epoch is None else str(batch.epoch)
+        tag = "o" if pending else "b" if batch.epoch is None else str(batch.epoch)
         path = self.folder / f"{seq:012d}_{tag}_{len(batch.rows)}.json"
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb") as f:
@@ -86,13 +91,27 @@ class Spool:
         os.replace(tmp, path)
         _sync_dir(self.folder)
         with self._lock:
-            self.entries.append(Entry(seq, batch.epoch, len(batch.rows), len(data), path))
+            epoch = None if pending else batch.epoch
+            entry = Entry(seq, epoch, len(batch.rows), len(data), path, pending)
+            self.entries.append(entry)
         return True
+
+    def seal_open(self, epoch: int) -> None:
+        """The open entries become ``epoch``'s."""
+        sealed: dict[int, Entry] = {}
+        for e in [e for e in self.entries if e.open]:
+            path = e.path.with_name(f"{e.seq:012d}_{epoch}_{e.rows}.json")
+            os.replace(e.path, path)
+            sealed[e.seq] = Entry(e.seq, epoch, e.rows, e.size, path)
+        if sealed:
+            _sync_dir(self.folder)
+            with self._lock:
+                self.entries = [sealed.get(e.seq, e) for e in self.entries]
 
     def load(self, entry: Entry) -> Batch:
         raw: dict[str, Any] = json.loads(entry.path.read_bytes())
         columns = tuple((str(n), str(t)) for n, t in raw["columns"])
-        return Batch(raw["epoch"], columns, raw["rows"])
+        return Batch(entry.epoch, columns, raw["rows"])
 
     def remove(self, entries: list[Entry]) -> None:
         for entry in entries:
@@ -111,7 +130,8 @@ class Spool:
 
 def _kept(entry: int | None, committed: int | None) -> bool:
     """Whether an entry of epoch ``entry`` survives a restore from ``committed``: an
-    epoch up to it (not a batch, nor the rows after the last epoch: FINAL_EPOCH)."""
+    epoch up to it (not a batch, nor rows of an open epoch, nor the rows after the last
+    epoch: FINAL_EPOCH)."""
     return entry is not None and committed is not None and FINAL_EPOCH < entry <= committed
 
 
