@@ -18,8 +18,10 @@ from support.postgres import PASSWORD, Postgres
 from agiledart.app import SpecError, parse_spec
 from agiledart.app.errors import ExecutionError
 from agiledart.app.spec import SinkSpec
+from agiledart.cli_apps import _print_status
 from agiledart.runtime.confine import DataPolicy, EnvNotAllowed, PathNotAllowed
 from agiledart.runtime.connectors import open_sink
+from agiledart.runtime.instance import _connection_of
 from agiledart.runtime.sql import SqlSink
 from agiledart.runtime.sql.db import FINAL_EPOCH, Batch, Database, Target
 
@@ -306,3 +308,20 @@ async def test_rows_of_an_unsealed_epoch_on_disk_are_forgotten_by_a_restore(
     first.close()  # died before the barrier: those rows are replayed
     again = sinks(resume={"epoch": 0})
     assert again.buffered()["buffered_rows"] == 0
+
+
+async def test_status_shows_what_waits_and_what_a_full_buffer_dropped(
+    sinks: Open, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sink = sinks(url="postgresql://nobody@127.0.0.1:1/none", buffer_mb=1)
+    for e in (1, 2, 3):
+        sink.write([{"e": e, "s": "x" * 1000} for _ in range(400)])
+        await sink.seal(e)
+    await until(lambda: sink.connection()["state"] == "retrying")
+    info = {"path": None, **_connection_of(sink)}
+    _print_status({"app_id": "a", "name": "q", "state": "running", "sinks": {"out": "p"},
+                   "peers": {"p": {"sinks": {"out": info}}}})  # fmt: skip
+    line = next(x for x in capsys.readouterr().out.splitlines() if "sink out" in x)
+    assert "retrying since" in line
+    assert "800 rows wait on disk" in line
+    assert "1 batches dropped (buffer full)" in line
