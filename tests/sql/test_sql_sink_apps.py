@@ -123,8 +123,13 @@ def pg_rows(postgres: Postgres, db: str) -> list[tuple[Any, ...]]:
     return postgres.query(f"SELECT {', '.join(COLUMNS)} FROM windows", db=db)
 
 
-def test_sqlite_table_is_exact_when_the_windows_peer_dies(site: LocalCluster) -> None:
-    spec_raw = windows("sqlite_kill", {"table": "windows"})
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_the_table_is_exact_when_the_windows_peer_dies(
+    site: LocalCluster, postgres: Postgres, database: str
+) -> None:
+    db = postgres.create_db("kill") if database == "postgresql" else ""
+    sink = pg_sink(postgres, db) if db else {"table": "windows"}
+    spec_raw = windows(f"{database}_kill", sink)
     app_id = submit(site, spec_raw, through=GATEWAY_2)
     committed(site, app_id, GATEWAY_2)
     site.kill(EDGE_1)
@@ -132,9 +137,12 @@ def test_sqlite_table_is_exact_when_the_windows_peer_dies(site: LocalCluster) ->
     assert s["state"] == "finished", s.get("error")
     (event,) = s["recoveries"]
     assert event["mode"] == "checkpoint"
-    path = Path(s["peers"]["gateway-1"]["sinks"]["out"]["path"])
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        got = conn.execute(f"SELECT {', '.join(COLUMNS)} FROM windows").fetchall()
+    if db:
+        got = pg_rows(postgres, db)
+    else:
+        path = Path(s["peers"]["gateway-1"]["sinks"]["out"]["path"])
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            got = conn.execute(f"SELECT {', '.join(COLUMNS)} FROM windows").fetchall()
     check_table(spec_raw, got)
 
 
