@@ -793,7 +793,8 @@ class Scheduler:
             return
         # two-phase sinks (sql) send the epoch's output now that it is committed
         done = {"app_id": rec.app_id, "epoch": pending.epoch, "generation": rec.generation}
-        for peer in sorted(set(rec.sinks.values()) & set(rec.addresses)):
+        waiting = {k.peer for k in self._spec_of(rec).sinks if k.connector == "sql"}
+        for peer in sorted(waiting & set(rec.addresses)):
             self._spawn(self._quiet(_addr(rec, peer), "app_committed", done))
         holders = unsaved | holders_of(rec.checkpoint)
         self._unsaved_holders.pop(rec.app_id, None)
