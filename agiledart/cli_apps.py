@@ -243,6 +243,15 @@ def _dead_letter_text(sink: dict[str, Any]) -> str:
     return where + _connection_text(sink) + counts + lost + error
 
 
+def _buffer_text(info: dict[str, Any]) -> str:
+    """``; 1200 rows wait on disk, 2 epochs dropped (buffer full)`` for an sql sink."""
+    rows, lost = info.get("buffered_rows"), info.get("buffer_overflows")
+    if not rows and not lost:
+        return ""
+    text = f"; {rows} rows wait on disk" if rows else ""
+    return text + (f"; {lost} batches dropped (buffer full)" if lost else "")
+
+
 def _print_status(s: dict[str, Any]) -> None:
     t = s.get("totals", {})
     print(
@@ -261,6 +270,7 @@ def _print_status(s: dict[str, Any]) -> None:
             f"  sink {sink} @ {peer}"
             + (f": {info['path']}" if info.get("path") else "")
             + _connection_text(info)
+            + _buffer_text(info)
         )
     for path in s.get("paths", []):
         print(f"  path: {' -> '.join(path)}")

@@ -25,6 +25,8 @@ PYEOF
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
 # mosquitto_pub and mosquitto_sub: the MQTT burst tests and scripts/bench_connectors.py
 command -v mosquitto_pub >/dev/null 2>&1 || need+=(mosquitto-clients)
+# PostgreSQL: the sql sink's tests start a throwaway cluster (tests/support/postgres.py)
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
 # headless Chromium: the dashboard tests (tests/site) drive a real browser
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || need+=(chromium)
 # docker emulation (docker/, tests/docker): Docker Engine (the tests start dockerd when it

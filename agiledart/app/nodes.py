@@ -170,6 +170,8 @@ class NodeParser:
                 self.file_format(f"{path}.params", params)
             if conn == "mqtt":
                 self.mqtt_params(f"{path}.params", params)
+            if conn == "sql":
+                self.sql_params(f"{path}.params", params)
         inputs = self.input_list(path, d, "sink", at_least=1, at_most=None)
         return SinkSpec(
             id=str(d.get("id")), peer=peer, connector=conn, inputs=inputs, params=freeze(params)
@@ -202,6 +204,21 @@ class NodeParser:
                 f"{path}.topic_field",
                 f"{topic_field!r} is also a key of fields: name the topic field differently",
             )
+
+    def sql_params(self, path: str, params: dict[str, Any]) -> None:
+        if params.get("password_env") and str(params.get("url", "sqlite")).startswith("sqlite"):
+            self.add(f"{path}.password_env", "a SQLite database has no password: remove it")
+        keys = params.get("upsert_on")
+        if keys is None:
+            return
+        keys = [keys] if isinstance(keys, str) else list(keys)
+        params["upsert_on"] = keys
+        declared = params.get("columns")
+        for key in keys:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                self.add(f"{path}.upsert_on", f"{key!r} is not a column name")
+            elif declared is not None and key not in declared:
+                self.add(f"{path}.upsert_on", f"{key!r} is not one of the columns")
 
     def operator(self, i: int, raw: Any) -> OperatorSpec:
         path = f"operators[{i}]"

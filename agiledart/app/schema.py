@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -81,10 +82,48 @@ def _hostport_problem(v: str) -> str | None:
     return None
 
 
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: a column's SQL type: a name, maybe with a size (``VARCHAR(20)``, ``NUMERIC(10, 2)``)
+_SQL_TYPE = re.compile(r"^[A-Za-z][A-Za-z ]*(\(\d+(, ?\d+)?\))?$")
+
+
+def _identifier_problem(v: str) -> str | None:
+    return None if _IDENTIFIER.match(v) else "not first a digit, no other characters"
+
+
+def _db_url_problem(v: str) -> str | None:
+    if v.startswith("sqlite:///") and len(v) > len("sqlite:///"):
+        return None
+    if v.startswith(("postgresql://", "postgres://")):
+        return None
+    return "an unknown kind of database"
+
+
+def _columns(v: Any) -> bool:
+    return (
+        isinstance(v, Mapping)
+        and bool(v)
+        and all(
+            isinstance(k, str)
+            and bool(_IDENTIFIER.match(k))
+            and isinstance(t, str)
+            and bool(_SQL_TYPE.match(t))
+            for k, t in v.items()
+        )
+    )
+
+
+_KINDS["columns"] = (
+    _columns,
+    "a mapping of column name to SQL type, e.g. {key: TEXT, mean: DOUBLE PRECISION}",
+)
+
 #: kind -> (what is wrong with a string, or None; description used in messages)
 _STRING_KINDS: dict[str, tuple[Callable[[str], str | None], str]] = {
     "hostport": (_hostport_problem, "HOST:PORT, e.g. localhost:1883"),
     "topic_filter": (filter_problem, "an MQTT topic filter, e.g. sensors/+/pollution"),
+    "identifier": (_identifier_problem, "an SQL name: letters, digits and _"),
+    "db_url": (_db_url_problem, "sqlite:///FILE or postgresql://USER@HOST:PORT/DB"),
     "topic_template": (template_problem, "an MQTT topic with {field} placeholders, e.g. out/{key}"),
 }
 
@@ -221,6 +260,15 @@ SINK_PARAMS: Mapping[str, tuple[Param, ...]] = {
     ),
     "stdout": (),
     "discard": (),
+    "sql": (
+        _p("table", "identifier", required=True),
+        _p("url", "db_url"),
+        _p("columns", "columns"),
+        _p("upsert_on", "strs"),
+        _p("password_env", "str"),
+        _p("buffer_mb", "posint", default=64, unit="MiB"),
+        _p("flush_ms", "nonnegint", default=1000, **_MS),
+    ),
 }
 CHECKPOINT_PARAMS: tuple[Param, ...] = (
     _p("interval_ms", "posint", default=10_000, **_MS),

@@ -61,7 +61,7 @@ MERGE_OPERATORS = frozenset({"join", "union"})
 STATEFUL_OPERATORS = frozenset({"window", "join", "top_k", "dedupe", "aggregate"})
 AGGREGATES = ("count", "sum", "mean", "min", "max")
 SOURCE_CONNECTORS = ("generator", "file", "mqtt")
-SINK_CONNECTORS = ("file", "mqtt", "stdout", "discard")
+SINK_CONNECTORS = ("file", "mqtt", "stdout", "discard", "sql")
 DATASETS = ("urban", "taxi", "words", "counter")
 #: Placement strategies (agiledart.strategies): JOIN routing, RTR, RTR+RP and baselines.
 PLACEMENTS = ("join-routing", "rtr", "rtr-rp", "cloud-only", "lb", "random")
@@ -183,7 +183,7 @@ class OperatorSpec:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SinkSpec:
-    """A sink pinned to a peer: ``connector`` is file, mqtt or stdout."""
+    """A sink pinned to a peer: ``connector`` is file, mqtt, sql, stdout or discard."""
 
     id: str
     peer: str
@@ -286,6 +286,21 @@ class AppSpec:
     def finite(self) -> bool:
         """Whether every source ends (a file, or a generator or mqtt source with a ``count``)."""
         return all(s.connector == "file" or "count" in s.params for s in self.sources)
+
+    @property
+    def checkpointed(self) -> bool:
+        """Whether the app cuts checkpoint epochs: mode erasure or replication, or auto
+        with a stateful operator and a source that does not end."""
+        cp = self.checkpoint
+        if cp.mode == "restart":
+            return False
+        if cp.mode == "auto":
+            endless = any(
+                s.connector == "mqtt" or (s.connector == "generator" and "count" not in s.params)
+                for s in self.sources
+            )
+            return any(o.stateful for o in self.operators) and endless
+        return True
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for storage; ``parse_spec(spec.to_dict()) == spec``."""

@@ -588,11 +588,14 @@ def open_sink(
     brokers: BrokerPool | None = None,
     resume: Mapping[str, Any] | None = None,
     policy: DataPolicy | None = None,
+    app: tuple[str, str, bool] = ("", "", False),
 ) -> Sink:
     """The sink ``spec`` describes; a relative file ``path`` is under ``out_dir``; an
     mqtt sink publishes through ``brokers`` (its owner runs its publisher). A file sink
-    given ``resume`` (a committed ``size`` and ``records``) keeps that much. With
-    ``policy`` (a peer's), a spec reaching past it is refused."""
+    given ``resume`` (a committed ``size`` and ``records``) keeps that much, an sql
+    sink (its committed ``epoch``) sends what it holds up to it. ``app``: the app id,
+    the peer's name and whether the app checkpoints (an sql sink's). With ``policy``
+    (a peer's), a spec reaching past it is refused."""
     if spec.connector == "file":
         return FileSink(spec, out_dir=out_dir, resume=resume, policy=policy)
     if spec.connector == "stdout":
@@ -607,5 +610,18 @@ def open_sink(
 
         _check_env(spec.params, f"sink {spec.id!r}", policy)
         return MqttSink(spec, brokers=brokers)
+    if spec.connector == "sql":
+        from agiledart.runtime.sql import SqlSink  # sql imports this module
+
+        app_id, instance, checkpointed = app
+        return SqlSink(
+            spec,
+            app_id=app_id,
+            instance=instance,
+            out_dir=Path(out_dir),
+            checkpointed=checkpointed,
+            resume=resume,
+            policy=policy,
+        )
     msg = f"sink {spec.id!r}: unknown connector {spec.connector!r}"
     raise ExecutionError(msg)

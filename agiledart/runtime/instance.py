@@ -80,6 +80,7 @@ from agiledart.runtime.replicas import (
     split_records,
     split_snapshot,
 )
+from agiledart.runtime.sql import SqlSink
 
 if TYPE_CHECKING:
     from agiledart.runtime.relay import Relay
@@ -628,7 +629,14 @@ class AppInstance:
         try:
             for k in local_sinks:
                 resume = self.restore.get("sinks", {}).get(k.id) if self.restore else None
-                sink = open_sink(k, out_dir=out_dir, brokers=brokers, resume=resume, policy=data)
+                sink = open_sink(
+                    k,
+                    out_dir=out_dir,
+                    brokers=brokers,
+                    resume=resume,
+                    policy=data,
+                    app=(self.app_id, self.me, spec.checkpointed),
+                )
                 self.sinks[k.id] = SinkState(sink, dict.fromkeys(k.inputs, MIN_WATERMARK))
                 self.sinks[k.id].align = Alignment(
                     (p, h) for p in k.inputs for h in d.hosts.get(p, ())
@@ -729,7 +737,7 @@ class AppInstance:
                 for sid, source in self.sources.items():
                     group.create_task(self._source_loop(sid, source))
                 for state in self.sinks.values():
-                    if isinstance(state.sink, MqttSink):  # its publisher
+                    if isinstance(state.sink, MqttSink | SqlSink):  # its publisher
                         group.create_task(state.sink.run())
                 for letters in self.dead_letters.values():
                     publisher = letters.publisher()
@@ -1318,7 +1326,10 @@ class AppInstance:
         state = self.sinks[sink_id]
         commit = getattr(state.sink, "commit", None)
         try:
-            committed = commit() if commit is not None else None
+            if isinstance(state.sink, SqlSink):  # its rows wait for the epoch's commit
+                committed: Any = await state.sink.seal(epoch)
+            else:
+                committed = commit() if commit is not None else None
         except ExecutionError as exc:
             self.fail(str(exc))
             return
@@ -1347,12 +1358,18 @@ class AppInstance:
             return
         state.done = True
         state.sink.flush()
-        if isinstance(state.sink, MqttSink):  # done once the broker has it all
+        if isinstance(state.sink, MqttSink | SqlSink):  # done once the broker has it all
             self._spawn(self._drained(sink_id, state.sink))
             return
         await self.on_sink_done(sink_id, self.sink_info(sink_id))
 
-    async def _drained(self, sink_id: str, sink: MqttSink) -> None:
+    def checkpoint_committed(self, epoch: int) -> None:
+        """The scheduler committed ``epoch``: sinks holding its output may send it."""
+        for state in self.sinks.values():
+            if isinstance(state.sink, SqlSink):
+                state.sink.committed_epoch(epoch)
+
+    async def _drained(self, sink_id: str, sink: MqttSink | SqlSink) -> None:
         await sink.drain()  # what it cannot publish in time it drops, and counts
         await self.on_sink_done(sink_id, self.sink_info(sink_id))
 
@@ -1444,14 +1461,16 @@ def _leaves(eg: BaseExceptionGroup[Exception]) -> list[Exception]:
 
 
 def _connection_of(sink: Any) -> dict[str, Any]:
-    """An mqtt sink's broker connection, as its statistics show it (others: none)."""
-    if not isinstance(sink, MqttSink):
+    """An mqtt or sql sink's connection, as its statistics show it (others: none), and
+    what an sql sink holds for its database."""
+    if not isinstance(sink, MqttSink | SqlSink):
         return {}
     c = sink.connection()
     return {
         "connection": c["state"],
         "retrying_since": c["since"] if c["state"] != "connected" else None,
         "last_error": c["last_error"],
+        **(sink.buffered() if isinstance(sink, SqlSink) else {}),
     }
 
 

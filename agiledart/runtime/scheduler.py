@@ -797,6 +797,11 @@ class Scheduler:
         unsaved.update(holders_of(old))
         if not saved:
             return
+        # two-phase sinks (sql) send the epoch's output now that it is committed
+        done = {"app_id": rec.app_id, "epoch": pending.epoch, "generation": rec.generation}
+        waiting = {k.peer for k in self._spec_of(rec).sinks if k.connector == "sql"}
+        for peer in sorted(waiting & set(rec.addresses)):
+            self._spawn(self._quiet(_addr(rec, peer), "app_committed", done))
         holders = unsaved | holders_of(rec.checkpoint)
         self._unsaved_holders.pop(rec.app_id, None)
         body = {"app": rec.app_id, "below": pending.epoch}
@@ -1391,16 +1396,8 @@ def _checkpointing(spec: AppSpec) -> tuple[int, int] | None:
     """(m, k) if the app checkpoints its state (mode erasure or replication, or auto
     with a stateful operator and a source that does not end), else None."""
     cp = spec.checkpoint
-    if cp.mode == "restart":
+    if not spec.checkpointed:
         return None
-    if cp.mode == "auto":
-        stateful = any(o.stateful for o in spec.operators)
-        endless = any(
-            s.connector == "mqtt" or (s.connector == "generator" and s.params.get("count") is None)
-            for s in spec.sources
-        )
-        if not (stateful and endless):
-            return None
     return (1, cp.k) if cp.mode == "replication" else (cp.m, cp.k)
 
 

@@ -170,6 +170,7 @@ class AppRuntime:
             "app_scheduled": self._app_scheduled,
             "app_failed": self._app_failed,
             "app_barrier": self._app_barrier,
+            "app_committed": self._app_committed,
             "app_peer_dead": self._app_peer_dead,
             "app_checkpoint": self._app_checkpoint,
             "app_rebind": self._app_rebind,
@@ -834,6 +835,16 @@ class AppRuntime:
         # a child of the instance: a downstream peer lost while the barrier goes out
         # fails (and so recovers) the app, never this peer
         return {"injected": inst.spawn(inst.inject_barrier(epoch)) is not None}
+
+    async def _app_committed(self, req: dict[str, Any], conn: ConnectionInfo) -> bool:
+        """The scheduler committed epoch ``epoch``: this peer's sinks of the app that
+        wait for it (sql) send its output."""
+        inst = self._instance(req)
+        epoch = req.get("epoch")
+        if type(epoch) is not int or _generation(req) != inst.generation:
+            return False
+        inst.checkpoint_committed(epoch)
+        return True
 
     async def _app_checkpoint(self, req: dict[str, Any], conn: ConnectionInfo) -> bool:
         report = req.get("report")
