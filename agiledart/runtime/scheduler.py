@@ -850,20 +850,26 @@ class Scheduler:
             await self.records.add(record_key("scheduling", self.name), rec.app_id)
             async with self._recovering.setdefault(rec.app_id, asyncio.Lock()):
                 started = time.monotonic()
-                lost = dead
+                lost, restarted = dead, False
                 if dead not in rec.hosts():  # nothing of it ran there: it runs on,
                     silent = await self._silent_hosts(rec)
-                    if not silent:
-                        await self._rebind(rec)
-                        continue
-                    # unless a host died too: its death was news while nobody
-                    # scheduled the app, and its instances told the dead scheduler
-                    lost = silent[0]
-                if lost in rec.sources.values() or lost in rec.sinks.values():
+                    if silent:
+                        # unless a host died too: its death was news while nobody
+                        # scheduled the app, and its instances told the dead scheduler
+                        lost = silent[0]
+                    else:
+                        # or restarted: it told the dead scheduler, and answers now
+                        # without its instances
+                        lost = next(iter(await self._restarted_hosts(rec)), "")
+                        if not lost:
+                            await self._rebind(rec)
+                            continue
+                        restarted = True
+                if not restarted and (lost in rec.sources.values() or lost in rec.sinks.values()):
                     await self._fail(rec, f"peer {lost}, which hosts a source or sink, died")
                     continue
                 try:
-                    await self._restart_without(rec, lost, started)
+                    await self._restart_without(rec, lost, started, restarted=restarted)
                 except AgiledartError as exc:
                     await self._fail(rec, f"recovery from the loss of {lost} failed: {exc}")
 
@@ -872,6 +878,13 @@ class Scheduler:
         hosts = sorted(p for p in rec.hosts() if p != self.name)
         answers = await asyncio.gather(*(self._answers(rec, p) for p in hosts))
         return [p for p, ok in zip(hosts, answers, strict=True) if not ok]
+
+    async def _restarted_hosts(self, rec: AppRecord) -> list[str]:
+        """The hosts of ``rec`` (other than this peer) that answer but no longer run
+        their instances: they restarted since the app was deployed."""
+        hosts = sorted(p for p in rec.hosts() if p != self.name)
+        runs = await asyncio.gather(*(self._runs(rec, p) for p in hosts))
+        return [p for p, ok in zip(hosts, runs, strict=True) if not ok]
 
     async def resume_own(self) -> int:
         """This peer restarted: the live apps it scheduled before (their records name

@@ -149,3 +149,59 @@ def test_a_death_left_to_a_neighbour_that_died_too_is_taken_up_on_its_death() ->
     assert left_to(me, neighbour, [neighbour, scheduler], both) == [neighbour, scheduler]
     # a peer farther away takes neither
     assert left_to(far.node_id, neighbour, [neighbour, scheduler], [contact("me", me)]) == []
+
+
+def test_an_adopter_recovers_a_host_that_restarted_while_nobody_scheduled_the_app(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Chaos seed 3: a host (edge-2) restarted just as the app's scheduler (edge-1) was
+    killed; it told the dead scheduler that it had lost its instances. Its adopter heard
+    every host answer and only rebound the app, which never ended. The adopter now asks
+    whether every host still runs the app, and restarts it, the host keeping its part."""
+    store = Store()
+    rec = running_record("q-0")  # scheduled by edge-1
+    rec.placement, rec.sources, rec.sinks = {"count": ["edge-2"]}, {"in": "sensor-2"}, {}
+    store.data[record_key("scheduling", "edge-1")] = ["q-0"]
+    store.data[record_key("app", "q-0")] = rec.to_wire()
+
+    async def no_stats(peer: str) -> None:
+        return None
+
+    s = Scheduler(
+        name="sensor-1",
+        address=lambda: ("127.0.0.1", 2),
+        records=store,  # type: ignore[arg-type]
+        links=None,  # type: ignore[arg-type]
+        code=None,  # type: ignore[arg-type]
+        directory=None,  # type: ignore[arg-type]
+        stats_of=no_stats,
+    )
+    restarts: list[tuple[str, bool]] = []
+    rebound: list[str] = []
+
+    async def gone(address: Address, app_id: str) -> bool:
+        return False
+
+    async def silent_hosts(rec: AppRecord) -> list[str]:
+        return []
+
+    async def runs(rec: AppRecord, peer: str) -> bool:
+        return peer != "edge-2"
+
+    async def rebind(rec: AppRecord) -> None:
+        rebound.append(rec.app_id)
+
+    async def restart_without(
+        rec: AppRecord, dead: str, started: float, *, restarted: bool = False
+    ) -> None:
+        restarts.append((dead, restarted))
+
+    monkeypatch.setattr(s, "still_scheduled", gone)
+    monkeypatch.setattr(s, "_silent_hosts", silent_hosts)
+    monkeypatch.setattr(s, "_runs", runs)
+    monkeypatch.setattr(s, "_rebind", rebind)
+    monkeypatch.setattr(s, "_restart_without", restart_without)
+    asyncio.run(s.adopt_from("edge-1"))
+    assert rebound == []
+    assert restarts == [("edge-2", True)]
+    assert s.apps["q-0"].scheduler_name == "sensor-1"
