@@ -11,18 +11,21 @@ that this module carries to its destination over the model's links, relay by rel
   (:class:`AckTimer`: TCP's SRTT + 4 RTTVAR over that neighbour's acknowledgement
   delays, 10 ms to ``ack_grace_ms`` = 100 ms, doubled after a timeout).
   One not acknowledged in time is a failed attempt, fed back to the planner, and the
-  packet is tried again, possibly elsewhere. Nothing is lost while its
-  holder lives, and nothing when a relay dies holding it either: the origin keeps every
-  packet until the destination confirms it (``relay_done``, straight back, cumulative
-  per flow), and sends unconfirmed ones again after :data:`RESEND_AFTER_S` (doubling
-  to :data:`RESEND_MAX_S`). A late acknowledgement makes a copy. The destination drops copies (by
-  packet id, then flow sequence); a relay that still holds the packet when a copy
-  comes takes it off the sender's hands ("ok") only if its name is the smaller one,
-  and refuses it otherwise (the sender tries elsewhere); a relay that passed it on
-  before carries the copy on like a new packet. Answering "seen" to every copy lost
-  packets: when two holders A and B sent each other their copies, both let go. With
-  the rule, every copy given up goes to a holder with a smaller name, so custody
-  cannot go round in a circle and someone always holds the packet.
+  packet is tried again, possibly elsewhere. Nothing is lost while its holder lives, and
+  nothing when a relay dies holding it either: the origin keeps every packet until the
+  destination confirms it (``relay_done``, straight back, cumulative per flow). A flow
+  whose confirmations made no progress for :data:`RESEND_AFTER_S` (doubling to
+  :data:`RESEND_MAX_S` while none comes) has its oldest unconfirmed packets (at most
+  :data:`RESEND_BURST`) sent again, as TCP retransmits the first unacknowledged segment:
+  a lost one holds up its whole flow at the destination, and sending everything again
+  would flood a network already slow. A late acknowledgement makes a copy. The
+  destination drops copies (by packet id, then flow sequence); a relay that still holds
+  the packet when a copy comes takes it off the sender's hands ("ok") only if its name
+  is the smaller one, and refuses it otherwise (the sender tries elsewhere); a relay
+  that passed it on before carries the copy on like a new packet. Answering "seen" to
+  every copy lost packets: when two holders A and B sent each other their copies, both
+  let go. With the rule, every copy given up goes to a holder with a smaller name, so
+  custody cannot go round in a circle and someone always holds the packet.
 * **The emulated link.** The receiving end of ``v -> w`` throws an arriving attempt
   away with probability 1 - θ(v, w) (no acknowledgement: the sender cannot tell a lost
   packet from a slow link); a packet that gets through is acknowledged at once and
@@ -72,9 +75,10 @@ log = logging.getLogger("agiledart.relay")
 POLICY = "kl-ucb"
 SEEN_MAX = 100_000  #: packet ids remembered per peer for duplicate detection
 NO_ROUTE_WAIT_S = 0.05
-RESEND_AFTER_S = 3.0  #: a packet its destination has not confirmed is sent again after
-RESEND_MAX_S = 30.0  #: the longest wait between two sends of one packet
-RESEND_CHECK_S = 0.5  #: how often the origin looks for packets to send again
+RESEND_AFTER_S = 5.0  #: a flow without confirmed progress for this long is sent again
+RESEND_MAX_S = 60.0  #: the longest wait between two sends again of one flow
+RESEND_BURST = 8  #: the oldest unconfirmed packets of a flow sent again at once
+RESEND_CHECK_S = 0.5  #: how often the origin looks for flows to send again
 
 
 class Tracer(Protocol):
@@ -147,10 +151,10 @@ class _Flow:
 
 @dataclass
 class _Unconfirmed:
-    """A packet this peer originated, kept until its destination confirms it."""
+    """The packets of one flow originated here that its destination has not confirmed."""
 
-    packet: dict[str, Any]
-    due: float  #: loop time it is sent again, unless confirmed
+    due: float  #: loop time its oldest packets are sent again, unless it progresses
+    packets: dict[int, dict[str, Any]] = field(default_factory=dict)  #: by sequence
     wait: float = RESEND_AFTER_S
 
 
@@ -194,8 +198,8 @@ class Relay:
         self._bug_logged = False
         self._timers: dict[str, AckTimer] = {}
         self._holding: set[str] = set()  #: ids of the packets in this peer's custody
-        #: packets originated here per (app, flow, destination), by flow sequence
-        self._unconfirmed: dict[tuple[str, str, str], dict[int, _Unconfirmed]] = {}
+        #: packets originated here, per (app, flow, destination)
+        self._unconfirmed: dict[tuple[str, str, str], _Unconfirmed] = {}
         self._resender: asyncio.Task[None] | None = None
 
     def carries(self, dest: str) -> bool:
@@ -239,33 +243,38 @@ class Relay:
         self.stats.sent += 1
         self._remember(pid)
         self._holding.add(pid)
-        due = asyncio.get_running_loop().time() + RESEND_AFTER_S
-        self._unconfirmed.setdefault((app, flow, dest), {})[seq] = _Unconfirmed(packet, due)
+        out = self._unconfirmed.get((app, flow, dest))
+        if out is None:
+            due = asyncio.get_running_loop().time() + RESEND_AFTER_S
+            out = self._unconfirmed[(app, flow, dest)] = _Unconfirmed(due)
+        out.packets[seq] = packet
         self.stats.unconfirmed += 1
         if self._resender is None and not self._closed:
             self._resender = asyncio.ensure_future(self._resend_loop())
         self._spawn(self._forward(packet))
 
     async def _resend_loop(self) -> None:
-        """Send again the packets their destination has not confirmed in time: a relay
-        that died (or restarted) holding one took it with it."""
+        """Send again the oldest packets of a flow that made no progress in time: a
+        relay that died (or restarted) holding one took it with it."""
         loop = asyncio.get_running_loop()
         while not self._closed:
             await asyncio.sleep(RESEND_CHECK_S)
             now = loop.time()
-            for pending in list(self._unconfirmed.values()):
-                for u in list(pending.values()):
-                    pid = u.packet["i"]
-                    if pid in self._holding:  # still carried from here: not lost
-                        u.due = now + u.wait
+            for out in list(self._unconfirmed.values()):
+                if out.due > now:
+                    continue
+                oldest = [p for p in itertools.islice(out.packets.values(), RESEND_BURST)]
+                if oldest and oldest[0]["i"] in self._holding:  # still carried from here
+                    out.due = now + out.wait
+                    continue
+                out.wait = min(RESEND_MAX_S, 2 * out.wait)
+                out.due = now + out.wait
+                for packet in oldest:
+                    if packet["i"] in self._holding:
                         continue
-                    if u.due > now:
-                        continue
-                    u.wait = min(RESEND_MAX_S, 2 * u.wait)
-                    u.due = now + u.wait
                     self.stats.resent += 1
-                    self._holding.add(pid)
-                    self._spawn(self._forward({**u.packet, "p": [self.name]}))
+                    self._holding.add(packet["i"])
+                    self._spawn(self._forward({**packet, "p": [self.name]}))
 
     async def on_done(self, msg: dict[str, Any], conn: ConnectionInfo) -> None:
         """A destination confirms a flow's packets up to sequence ``q``."""
@@ -277,14 +286,20 @@ class Relay:
             err = "relay_done needs an integer 'q'"
             raise MalformedError(err)
         key = (app, flow, dest)
-        pending = self._unconfirmed.get(key)
-        if pending is None or conn.peer_name != dest:  # only the destination confirms
+        out = self._unconfirmed.get(key)
+        if out is None or conn.peer_name != dest:  # only the destination confirms
             return
-        for seq in [q for q in pending if q <= upto]:
-            del pending[seq]
-            self.stats.unconfirmed -= 1
-        if not pending:
+        confirmed = [q for q in out.packets if q <= upto]
+        if not confirmed:
+            return
+        for seq in confirmed:
+            del out.packets[seq]
+        self.stats.unconfirmed -= len(confirmed)
+        if not out.packets:
             del self._unconfirmed[key]
+            return
+        out.wait = RESEND_AFTER_S  # progress: the flow's clock starts again
+        out.due = asyncio.get_running_loop().time() + out.wait
 
     async def _confirm(self, packet: dict[str, Any], upto: int) -> None:
         """Tell a flow's origin that everything up to ``upto`` arrived here."""
@@ -543,7 +558,7 @@ class Relay:
         for seq in [k for k in self._flow_seq if k[0] == app]:
             del self._flow_seq[seq]
         for key in [k for k in self._unconfirmed if k[0] == app]:
-            self.stats.unconfirmed -= len(self._unconfirmed.pop(key))
+            self.stats.unconfirmed -= len(self._unconfirmed.pop(key).packets)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
