@@ -1421,6 +1421,7 @@ class AppInstance:
             "uptime_s": round(time.monotonic() - self.started_at, 3),
             "started_at": self.started_at_wall,
             "failure": self.failure,
+            "generation": self.generation,
             "sources": {sid: dataclasses.asdict(src.stats) for sid, src in self.sources.items()},
             "operators": ops,
             "sinks": {k: self.sink_info(k) for k in self.sinks},

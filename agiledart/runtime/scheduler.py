@@ -1008,6 +1008,10 @@ class Scheduler:
                 return  # done already, or nothing of it there
             if generation is not None and generation != rec.generation:
                 return  # a restart reported of a generation recovered from meanwhile
+            if generation is None and await self._runs_now(rec, dead):
+                # declared dead after a restart it was recovered from meanwhile (it kept
+                # its part and runs this generation): nothing is left to recover
+                return
             started = time.monotonic()
             pinned = dead in rec.sources.values() or dead in rec.sinks.values()
             if pinned and not restarted:
@@ -1024,6 +1028,18 @@ class Scheduler:
             except AgiledartError as exc:
                 log.warning("recovery of %s from the loss of %s failed: %s", app_id, dead, exc)
                 await self._fail(rec, f"recovery from the loss of {dead} failed: {exc}")
+
+    async def _runs_now(self, rec: AppRecord, peer: str) -> bool:
+        """Whether ``peer`` answers and runs the current generation of ``rec``."""
+        address = rec.addresses.get(peer)
+        if address is None:
+            return False
+        body = {"app_id": rec.app_id}
+        try:
+            stats = await self.links.request(_addr(rec, peer), "app_stats", body, timeout=1.5)
+        except AgiledartError:
+            return False
+        return isinstance(stats, dict) and stats.get("generation") == rec.generation
 
     async def _comes_back(self, rec: AppRecord, peer: str) -> bool:
         """Whether ``peer`` answers again within :attr:`pinned_grace_s`."""

@@ -205,3 +205,48 @@ def test_an_adopter_recovers_a_host_that_restarted_while_nobody_scheduled_the_ap
     assert rebound == []
     assert restarts == [("edge-2", True)]
     assert s.apps["q-0"].scheduler_name == "sensor-1"
+
+
+def test_a_death_declared_after_the_restart_it_was_recovered_from_recovers_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A host restarted (a power cut): the scheduler, told by the host itself, restarted
+    the app with the host keeping its part. The failure detector, slower, declared the
+    host dead afterwards, and the app was restarted a second time for the same restart.
+    A death now recovers nothing when the peer answers and runs the current generation."""
+    store = Store()
+    rec = running_record("q-0")
+    rec.scheduler, rec.scheduler_name = ("127.0.0.1", 2), "sensor-1"
+    rec.placement, rec.sources, rec.sinks = {"count": ["edge-2"]}, {"in": "sensor-2"}, {}
+
+    async def no_stats(peer: str) -> None:
+        return None
+
+    s = Scheduler(
+        name="sensor-1",
+        address=lambda: ("127.0.0.1", 2),
+        records=store,  # type: ignore[arg-type]
+        links=None,  # type: ignore[arg-type]
+        code=None,  # type: ignore[arg-type]
+        directory=None,  # type: ignore[arg-type]
+        stats_of=no_stats,
+    )
+    s.apps["q-0"] = rec
+    restarts: list[str] = []
+    running = [True]
+
+    async def runs_now(rec: AppRecord, peer: str) -> bool:
+        return running[0]
+
+    async def restart_without(
+        rec: AppRecord, dead: str, started: float, *, restarted: bool = False
+    ) -> None:
+        restarts.append(dead)
+
+    monkeypatch.setattr(s, "_runs_now", runs_now)
+    monkeypatch.setattr(s, "_restart_without", restart_without)
+    asyncio.run(s.recover("q-0", "edge-2"))
+    assert restarts == []
+    running[0] = False  # really gone: recovered
+    asyncio.run(s.recover("q-0", "edge-2"))
+    assert restarts == ["edge-2"]
