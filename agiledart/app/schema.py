@@ -99,6 +99,28 @@ def _db_url_problem(v: str) -> str | None:
     return "an unknown kind of database"
 
 
+def _http_url_problem(v: str) -> str | None:
+    scheme, sep, rest = v.partition("://")
+    if scheme not in ("http", "https") or not sep or not rest or rest.startswith("/"):
+        return "an http:// or https:// URL with a host"
+    return None
+
+
+def _http_path_problem(v: str) -> str | None:
+    return None if v.startswith("/") and " " not in v else "starts with /, no spaces"
+
+
+def _headers(v: Any) -> bool:
+    return (
+        isinstance(v, Mapping)
+        and bool(v)
+        and all(
+            isinstance(k, str) and bool(re.match(r"^[A-Za-z0-9-]+$", k)) and isinstance(x, str)
+            for k, x in v.items()
+        )
+    )
+
+
 def _columns(v: Any) -> bool:
     return (
         isinstance(v, Mapping)
@@ -113,6 +135,7 @@ def _columns(v: Any) -> bool:
     )
 
 
+_KINDS["headers"] = (_headers, "a mapping of header name to text, e.g. {X-Site: plant-3}")
 _KINDS["columns"] = (
     _columns,
     "a mapping of column name to SQL type, e.g. {key: TEXT, mean: DOUBLE PRECISION}",
@@ -124,6 +147,8 @@ _STRING_KINDS: dict[str, tuple[Callable[[str], str | None], str]] = {
     "topic_filter": (filter_problem, "an MQTT topic filter, e.g. sensors/+/pollution"),
     "identifier": (_identifier_problem, "an SQL name: letters, digits and _"),
     "db_url": (_db_url_problem, "sqlite:///FILE or postgresql://USER@HOST:PORT/DB"),
+    "http_url": (_http_url_problem, "an http:// or https:// URL, e.g. http://host:8080/in"),
+    "http_path": (_http_path_problem, "a URL path, e.g. /readings"),
     "topic_template": (template_problem, "an MQTT topic with {field} placeholders, e.g. out/{key}"),
 }
 
@@ -266,6 +291,15 @@ SINK_PARAMS: Mapping[str, tuple[Param, ...]] = {
         _p("columns", "columns"),
         _p("upsert_on", "strs"),
         _p("password_env", "str"),
+        _p("buffer_mb", "posint", default=64, unit="MiB"),
+        _p("flush_ms", "nonnegint", default=1000, **_MS),
+    ),
+    "http": (
+        _p("url", "http_url", required=True),
+        _p("headers", "headers"),
+        _p("token_env", "str"),
+        _p("batch_records", "posint", default=500, unit="records per POST"),
+        _p("timeout_ms", "posint", default=10_000, **_MS),
         _p("buffer_mb", "posint", default=64, unit="MiB"),
         _p("flush_ms", "nonnegint", default=1000, **_MS),
     ),

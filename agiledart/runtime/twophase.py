@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from itertools import takewhile
 from typing import Any, ClassVar, TypeVar
 
@@ -32,7 +32,14 @@ from agiledart.operators import Record
 from agiledart.runtime.connectors import SinkStatistics
 from agiledart.runtime.spool import FINAL_EPOCH, Batch, Entry, Spool
 
-__all__ = ["BATCH_ROWS", "RETRY_S", "DestinationDown", "DestinationRefused", "SpooledSink"]
+__all__ = [
+    "BATCH_ROWS",
+    "RETRY_S",
+    "DestinationDown",
+    "DestinationRefused",
+    "SpooledSink",
+    "resumed_epoch",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -49,6 +56,11 @@ class DestinationDown(ExecutionError):
 
 class DestinationRefused(ExecutionError):
     """The destination refused output that it will never take: the app fails."""
+
+
+def resumed_epoch(resume: Mapping[str, Any] | None) -> int | None:
+    """The committed epoch a sink restored from ``resume`` (its checkpoint) starts at."""
+    return None if resume is None or resume.get("epoch") is None else int(resume["epoch"])
 
 
 def _same_epoch(head: Entry, rest: list[Entry]) -> list[Entry]:

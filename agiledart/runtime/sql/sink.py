@@ -17,7 +17,7 @@ from agiledart.app.spec import SinkSpec
 from agiledart.operators import Record
 from agiledart.runtime.spool import FINAL_EPOCH, Entry, Spool
 from agiledart.runtime.sql.db import Database, Target, column_type, location_of, password_of
-from agiledart.runtime.twophase import BATCH_ROWS, RETRY_S, SpooledSink
+from agiledart.runtime.twophase import BATCH_ROWS, RETRY_S, SpooledSink, resumed_epoch
 
 if TYPE_CHECKING:
     from agiledart.runtime.confine import DataPolicy
@@ -93,9 +93,7 @@ class SqlSink(SpooledSink):
             spool=Spool(Path(out_dir) / f".{spec.id}.spool", buffer_mb * 1024 * 1024),
             checkpointed=checkpointed,
             flush_s=int(p.get("flush_ms", 1000)) / 1000.0,
-            committed=None
-            if resume is None or resume.get("epoch") is None
-            else int(resume["epoch"]),
+            committed=resumed_epoch(resume),
         )
         declared = p.get("columns")
         if declared:
