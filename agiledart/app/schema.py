@@ -62,6 +62,7 @@ _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "str": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
     "strs": (_strs, "a field name or a list of field names"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "port": (lambda v: _is_int(v) and 0 < v < 65536, "a port in 1-65535"),
     "fieldmap": (
         lambda v: (
             isinstance(v, Mapping)
@@ -268,6 +269,16 @@ SOURCE_PARAMS: Mapping[str, tuple[Param, ...]] = {
         _p("buffer", "posint", default=1_000_000, unit="records"),
         _p("buffer_mb", "posint", default=256, unit="MiB"),
         _p("overload", "enum", default="shed-oldest", choices=("shed-oldest", "shed-newest")),
+        _p("out_of_order_ms", "nonnegint", default=1000, **_MS),
+    ),
+    "http": (
+        _p("port", "port", required=True),
+        _p("token_env", "str", required=True),
+        _p("host", "str", default="127.0.0.1"),
+        _p("path", "http_path", default="/"),
+        _p("max_body_kb", "posint", default=1024, unit="KiB"),
+        _p("buffer", "posint", default=10_000, unit="records"),
+        _p("count", "nonnegint"),
         _p("out_of_order_ms", "nonnegint", default=1000, **_MS),
     ),
 }

@@ -60,7 +60,7 @@ MERGE_OPERATORS = frozenset({"join", "union"})
 #: Operators whose state must be checkpointed.
 STATEFUL_OPERATORS = frozenset({"window", "join", "top_k", "dedupe", "aggregate"})
 AGGREGATES = ("count", "sum", "mean", "min", "max")
-SOURCE_CONNECTORS = ("generator", "file", "mqtt")
+SOURCE_CONNECTORS = ("generator", "file", "mqtt", "http")
 SINK_CONNECTORS = ("file", "mqtt", "stdout", "discard", "sql", "http")
 DATASETS = ("urban", "taxi", "words", "counter")
 #: Placement strategies (agiledart.strategies): JOIN routing, RTR, RTR+RP and baselines.
@@ -296,7 +296,8 @@ class AppSpec:
             return False
         if cp.mode == "auto":
             endless = any(
-                s.connector == "mqtt" or (s.connector == "generator" and "count" not in s.params)
+                s.connector in ("mqtt", "http")
+                or (s.connector == "generator" and "count" not in s.params)
                 for s in self.sources
             )
             return any(o.stateful for o in self.operators) and endless

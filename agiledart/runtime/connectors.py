@@ -149,15 +149,23 @@ def open_source(
     policy: DataPolicy | None = None,
 ) -> SourceConnector:
     """The source ``spec`` describes; an mqtt source subscribes through ``brokers``
-    and keeps its log under ``base_dir/mqtt/``. A replayable one (generator, file)
-    starts after its first ``skip`` records. With ``policy`` (a peer's), a spec
-    reaching past it is refused."""
+    and keeps its log under ``base_dir/mqtt/``; an http source listens on its port. A
+    replayable one (generator, file) starts after its first ``skip`` records. With
+    ``policy`` (a peer's), a spec reaching past it is refused."""
     if spec.connector == "mqtt" and brokers is not None:
         from agiledart.runtime.mqtt import MqttSource  # mqtt imports this module
 
         _check_env(spec.params, f"source {spec.id!r}", policy)
         log_dir = Path(base_dir) / "mqtt" / f"{spec.id}-{secrets.token_hex(6)}"
         return MqttSource(spec, brokers=brokers, log_dir=log_dir)
+    if spec.connector == "http":
+        from agiledart.runtime.http import HttpSource  # http imports this module
+
+        if policy is not None:
+            policy.check_env(
+                f"source {spec.id!r}", str(spec.params["token_env"]), param="token_env"
+            )
+        return HttpSource(spec)
     return Source(spec, base_dir=base_dir, overload=overload, skip=skip, policy=policy)
 
 

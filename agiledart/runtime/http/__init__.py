@@ -18,6 +18,9 @@ failure sends nothing again. Without checkpoints batches go out within ``flush_m
 (at-least-once: such an app restarts from its beginning after a failure; their keys
 are unique to the sink's opening, so a receiver never drops a new batch).
 
+The source, a webhook receiver on its peer, is described in :mod:`.source`: its
+buffer is in memory, so it is at-most-once across a failure.
+
 ::
 
     ExecutionError                  (agiledart.app.errors)
@@ -34,11 +37,14 @@ from agiledart.runtime.http.sink import (
     HttpSink,
     idempotency_key,
 )
+from agiledart.runtime.http.source import HttpSource, HttpSourceStatistics
 
 __all__ = [
     "DEFAULT_BATCH_RECORDS",
     "EndpointDown",
     "EndpointRefused",
     "HttpSink",
+    "HttpSource",
+    "HttpSourceStatistics",
     "idempotency_key",
 ]
