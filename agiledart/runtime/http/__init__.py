@@ -23,6 +23,8 @@ buffer is in memory, so it is at-most-once across a failure.
 
 ::
 
+    DataError                       (agiledart.app.errors)
+    └── BadBody                     a POST that is not records (answered 400)
     ExecutionError                  (agiledart.app.errors)
     ├── DestinationDown             (agiledart.runtime.twophase)
     │   └── EndpointDown            no connection, a timeout, 5xx, 408/425/429 (retried)

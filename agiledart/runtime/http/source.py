@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from agiledart.app.errors import ExecutionError
+from agiledart.app.errors import DataError, ExecutionError
 from agiledart.app.spec import SourceSpec
 from agiledart.operators import Record
 from agiledart.runtime.connectors import SourceStatistics
@@ -51,7 +51,7 @@ class HttpSourceStatistics(SourceStatistics):
     listening: str | None = None  #: host:port, once the receiver listens
 
 
-class BadBody(ValueError):
+class BadBody(DataError):
     """A body that is not one record or a list of records (answered 400)."""
 
 
