@@ -2,8 +2,8 @@
 aiohttp receiver in the test process (tests/support/webhook.py); a keyed window whose
 every result is a sum over its key's records. After the receiver drops repeated
 ``Idempotency-Key`` values, what it kept is exactly the plain-Python reference, in
-epoch order, when it answers 503 for a while and when the window's peer dies; a 400
-fails the app with the receiver's reason."""
+epoch order, when it answers 503 for a while (the sink's peer restarting meanwhile)
+and when the window's peer dies; a 400 fails the app with the receiver's reason."""
 
 from __future__ import annotations
 
@@ -119,9 +119,12 @@ def check_received(spec_raw: dict[str, Any], receiver: Receiver) -> None:
     assert {r.authorization for r in receiver.requests} == {f"Bearer {TOKEN}"}
 
 
-def test_a_503_outage_loses_nothing_and_status_shows_the_wait(
+def test_a_503_outage_and_a_restart_of_the_sinks_peer_lose_nothing(
     site: LocalCluster, receiver: Receiver
 ) -> None:
+    """The endpoint answers 503 while the app runs: committed epochs wait on the sink's
+    peer's disk (status shows them), survive that peer's restart (``kill -9``, started
+    again with its state directory) and go out in order once the endpoint is back."""
     receiver.status = 503
     spec_raw = windows("http_outage", receiver.url)
     app_id = submit(site, spec_raw, through=GATEWAY_2)
@@ -137,10 +140,12 @@ def test_a_503_outage_loses_nothing_and_status_shows_the_wait(
     text = cli(site, "status", app_id, "--via", via(site, GATEWAY_2))
     assert "rows wait on disk" in text.stdout
     assert "retrying since" in text.stdout
-    time.sleep(2)  # the outage goes on while the app runs
+    site.restart(GATEWAY_1)  # the outage goes on; the spool outlives the peer
+    time.sleep(1)
     receiver.status = 200
     s = finished(site, app_id, through=GATEWAY_2)
     assert s["state"] == "finished", s.get("error")
+    assert [e["dead"] for e in s["recoveries"]] == ["gateway-1"]
     out = s["peers"]["gateway-1"]["sinks"]["out"]
     assert out["connection"] == "connected"
     assert out["buffered_rows"] == 0
