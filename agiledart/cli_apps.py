@@ -244,7 +244,8 @@ def _dead_letter_text(sink: dict[str, Any]) -> str:
 
 
 def _buffer_text(info: dict[str, Any]) -> str:
-    """``; 1200 rows wait on disk, 2 epochs dropped (buffer full)`` for an sql sink."""
+    """``; 1200 rows wait on disk, 2 epochs dropped (buffer full)`` for an sql or
+    http sink."""
     rows, lost = info.get("buffered_rows"), info.get("buffer_overflows")
     if not rows and not lost:
         return ""

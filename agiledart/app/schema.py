@@ -62,6 +62,7 @@ _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "str": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
     "strs": (_strs, "a field name or a list of field names"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "port": (lambda v: _is_int(v) and 0 < v < 65536, "a port in 1-65535"),
     "fieldmap": (
         lambda v: (
             isinstance(v, Mapping)
@@ -99,6 +100,28 @@ def _db_url_problem(v: str) -> str | None:
     return "an unknown kind of database"
 
 
+def _http_url_problem(v: str) -> str | None:
+    scheme, sep, rest = v.partition("://")
+    if scheme not in ("http", "https") or not sep or not rest or rest.startswith("/"):
+        return "an http:// or https:// URL with a host"
+    return None
+
+
+def _http_path_problem(v: str) -> str | None:
+    return None if v.startswith("/") and " " not in v else "starts with /, no spaces"
+
+
+def _headers(v: Any) -> bool:
+    return (
+        isinstance(v, Mapping)
+        and bool(v)
+        and all(
+            isinstance(k, str) and bool(re.match(r"^[A-Za-z0-9-]+$", k)) and isinstance(x, str)
+            for k, x in v.items()
+        )
+    )
+
+
 def _columns(v: Any) -> bool:
     return (
         isinstance(v, Mapping)
@@ -113,6 +136,7 @@ def _columns(v: Any) -> bool:
     )
 
 
+_KINDS["headers"] = (_headers, "a mapping of header name to text, e.g. {X-Site: plant-3}")
 _KINDS["columns"] = (
     _columns,
     "a mapping of column name to SQL type, e.g. {key: TEXT, mean: DOUBLE PRECISION}",
@@ -124,6 +148,8 @@ _STRING_KINDS: dict[str, tuple[Callable[[str], str | None], str]] = {
     "topic_filter": (filter_problem, "an MQTT topic filter, e.g. sensors/+/pollution"),
     "identifier": (_identifier_problem, "an SQL name: letters, digits and _"),
     "db_url": (_db_url_problem, "sqlite:///FILE or postgresql://USER@HOST:PORT/DB"),
+    "http_url": (_http_url_problem, "an http:// or https:// URL, e.g. http://host:8080/in"),
+    "http_path": (_http_path_problem, "a URL path, e.g. /readings"),
     "topic_template": (template_problem, "an MQTT topic with {field} placeholders, e.g. out/{key}"),
 }
 
@@ -245,6 +271,16 @@ SOURCE_PARAMS: Mapping[str, tuple[Param, ...]] = {
         _p("overload", "enum", default="shed-oldest", choices=("shed-oldest", "shed-newest")),
         _p("out_of_order_ms", "nonnegint", default=1000, **_MS),
     ),
+    "http": (
+        _p("port", "port", required=True),
+        _p("token_env", "str", required=True),
+        _p("host", "str", default="127.0.0.1"),
+        _p("path", "http_path", default="/"),
+        _p("max_body_kb", "posint", default=1024, unit="KiB"),
+        _p("buffer", "posint", default=10_000, unit="records"),
+        _p("count", "nonnegint"),
+        _p("out_of_order_ms", "nonnegint", default=1000, **_MS),
+    ),
 }
 SINK_PARAMS: Mapping[str, tuple[Param, ...]] = {
     "file": (
@@ -266,6 +302,15 @@ SINK_PARAMS: Mapping[str, tuple[Param, ...]] = {
         _p("columns", "columns"),
         _p("upsert_on", "strs"),
         _p("password_env", "str"),
+        _p("buffer_mb", "posint", default=64, unit="MiB"),
+        _p("flush_ms", "nonnegint", default=1000, **_MS),
+    ),
+    "http": (
+        _p("url", "http_url", required=True),
+        _p("headers", "headers"),
+        _p("token_env", "str"),
+        _p("batch_records", "posint", default=500, unit="records per POST"),
+        _p("timeout_ms", "posint", default=10_000, **_MS),
         _p("buffer_mb", "posint", default=64, unit="MiB"),
         _p("flush_ms", "nonnegint", default=1000, **_MS),
     ),

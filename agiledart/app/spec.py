@@ -60,8 +60,8 @@ MERGE_OPERATORS = frozenset({"join", "union"})
 #: Operators whose state must be checkpointed.
 STATEFUL_OPERATORS = frozenset({"window", "join", "top_k", "dedupe", "aggregate"})
 AGGREGATES = ("count", "sum", "mean", "min", "max")
-SOURCE_CONNECTORS = ("generator", "file", "mqtt")
-SINK_CONNECTORS = ("file", "mqtt", "stdout", "discard", "sql")
+SOURCE_CONNECTORS = ("generator", "file", "mqtt", "http")
+SINK_CONNECTORS = ("file", "mqtt", "stdout", "discard", "sql", "http")
 DATASETS = ("urban", "taxi", "words", "counter")
 #: Placement strategies (agiledart.strategies): JOIN routing, RTR, RTR+RP and baselines.
 PLACEMENTS = ("join-routing", "rtr", "rtr-rp", "cloud-only", "lb", "random")
@@ -183,7 +183,7 @@ class OperatorSpec:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SinkSpec:
-    """A sink pinned to a peer: ``connector`` is file, mqtt, sql, stdout or discard."""
+    """A sink pinned to a peer: ``connector`` is file, mqtt, sql, http, stdout or discard."""
 
     id: str
     peer: str
@@ -296,7 +296,8 @@ class AppSpec:
             return False
         if cp.mode == "auto":
             endless = any(
-                s.connector == "mqtt" or (s.connector == "generator" and "count" not in s.params)
+                s.connector in ("mqtt", "http")
+                or (s.connector == "generator" and "count" not in s.params)
                 for s in self.sources
             )
             return any(o.stateful for o in self.operators) and endless

@@ -102,12 +102,12 @@ class DataPolicy:
             owner, Path(out_dir) / given, (self.output, *self.allowed), "writes", sink=True
         )
 
-    def check_env(self, owner: str, name: str) -> None:
-        """Refuse a ``password_env`` naming a variable specs may not read."""
+    def check_env(self, owner: str, name: str, *, param: str = "password_env") -> None:
+        """Refuse a ``password_env`` (or ``param``) naming a variable specs may not read."""
         if (name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX)) or name in self.env_names:
             return
         msg = (
-            f"{owner}: password_env names {name!r}, which this peer does not let app specs "
+            f"{owner}: {param} names {name!r}, which this peer does not let app specs "
             f"read: name the variable {ENV_PREFIX}..., or start the peer with --allow-env {name}"
         )
         raise EnvNotAllowed(msg)

@@ -149,15 +149,23 @@ def open_source(
     policy: DataPolicy | None = None,
 ) -> SourceConnector:
     """The source ``spec`` describes; an mqtt source subscribes through ``brokers``
-    and keeps its log under ``base_dir/mqtt/``. A replayable one (generator, file)
-    starts after its first ``skip`` records. With ``policy`` (a peer's), a spec
-    reaching past it is refused."""
+    and keeps its log under ``base_dir/mqtt/``; an http source listens on its port. A
+    replayable one (generator, file) starts after its first ``skip`` records. With
+    ``policy`` (a peer's), a spec reaching past it is refused."""
     if spec.connector == "mqtt" and brokers is not None:
         from agiledart.runtime.mqtt import MqttSource  # mqtt imports this module
 
         _check_env(spec.params, f"source {spec.id!r}", policy)
         log_dir = Path(base_dir) / "mqtt" / f"{spec.id}-{secrets.token_hex(6)}"
         return MqttSource(spec, brokers=brokers, log_dir=log_dir)
+    if spec.connector == "http":
+        from agiledart.runtime.http import HttpSource  # http imports this module
+
+        if policy is not None:
+            policy.check_env(
+                f"source {spec.id!r}", str(spec.params["token_env"]), param="token_env"
+            )
+        return HttpSource(spec)
     return Source(spec, base_dir=base_dir, overload=overload, skip=skip, policy=policy)
 
 
@@ -592,9 +600,9 @@ def open_sink(
 ) -> Sink:
     """The sink ``spec`` describes; a relative file ``path`` is under ``out_dir``; an
     mqtt sink publishes through ``brokers`` (its owner runs its publisher). A file sink
-    given ``resume`` (a committed ``size`` and ``records``) keeps that much, an sql
-    sink (its committed ``epoch``) sends what it holds up to it. ``app``: the app id,
-    the peer's name and whether the app checkpoints (an sql sink's). With ``policy``
+    given ``resume`` (a committed ``size`` and ``records``) keeps that much, an sql or
+    http sink (its committed ``epoch``) sends what it holds up to it. ``app``: the app
+    id, the peer's name and whether the app checkpoints (an sql or http sink's). With ``policy``
     (a peer's), a spec reaching past it is refused."""
     if spec.connector == "file":
         return FileSink(spec, out_dir=out_dir, resume=resume, policy=policy)
@@ -610,11 +618,12 @@ def open_sink(
 
         _check_env(spec.params, f"sink {spec.id!r}", policy)
         return MqttSink(spec, brokers=brokers)
-    if spec.connector == "sql":
-        from agiledart.runtime.sql import SqlSink  # sql imports this module
+    if spec.connector in ("sql", "http"):
+        from agiledart.runtime.http import HttpSink  # both import this module
+        from agiledart.runtime.sql import SqlSink
 
         app_id, instance, checkpointed = app
-        return SqlSink(
+        return (SqlSink if spec.connector == "sql" else HttpSink)(
             spec,
             app_id=app_id,
             instance=instance,

@@ -80,7 +80,7 @@ from agiledart.runtime.replicas import (
     split_records,
     split_snapshot,
 )
-from agiledart.runtime.sql import SqlSink
+from agiledart.runtime.twophase import SpooledSink
 
 if TYPE_CHECKING:
     from agiledart.runtime.relay import Relay
@@ -737,7 +737,7 @@ class AppInstance:
                 for sid, source in self.sources.items():
                     group.create_task(self._source_loop(sid, source))
                 for state in self.sinks.values():
-                    if isinstance(state.sink, MqttSink | SqlSink):  # its publisher
+                    if isinstance(state.sink, MqttSink | SpooledSink):  # its publisher
                         group.create_task(state.sink.run())
                 for letters in self.dead_letters.values():
                     publisher = letters.publisher()
@@ -1326,7 +1326,7 @@ class AppInstance:
         state = self.sinks[sink_id]
         commit = getattr(state.sink, "commit", None)
         try:
-            if isinstance(state.sink, SqlSink):  # its rows wait for the epoch's commit
+            if isinstance(state.sink, SpooledSink):  # its rows wait for the epoch's commit
                 committed: Any = await state.sink.seal(epoch)
             else:
                 committed = commit() if commit is not None else None
@@ -1358,7 +1358,7 @@ class AppInstance:
             return
         state.done = True
         state.sink.flush()
-        if isinstance(state.sink, MqttSink | SqlSink):  # done once the broker has it all
+        if isinstance(state.sink, MqttSink | SpooledSink):  # done once the broker has it all
             self._spawn(self._drained(sink_id, state.sink))
             return
         await self.on_sink_done(sink_id, self.sink_info(sink_id))
@@ -1366,10 +1366,10 @@ class AppInstance:
     def checkpoint_committed(self, epoch: int) -> None:
         """The scheduler committed ``epoch``: sinks holding its output may send it."""
         for state in self.sinks.values():
-            if isinstance(state.sink, SqlSink):
+            if isinstance(state.sink, SpooledSink):
                 state.sink.committed_epoch(epoch)
 
-    async def _drained(self, sink_id: str, sink: MqttSink | SqlSink) -> None:
+    async def _drained(self, sink_id: str, sink: MqttSink | SpooledSink) -> None:
         await sink.drain()  # what it cannot publish in time it drops, and counts
         await self.on_sink_done(sink_id, self.sink_info(sink_id))
 
@@ -1462,16 +1462,16 @@ def _leaves(eg: BaseExceptionGroup[Exception]) -> list[Exception]:
 
 
 def _connection_of(sink: Any) -> dict[str, Any]:
-    """An mqtt or sql sink's connection, as its statistics show it (others: none), and
-    what an sql sink holds for its database."""
-    if not isinstance(sink, MqttSink | SqlSink):
+    """An mqtt, sql or http sink's connection, as its statistics show it (others:
+    none), and what an sql or http sink holds for its destination."""
+    if not isinstance(sink, MqttSink | SpooledSink):
         return {}
     c = sink.connection()
     return {
         "connection": c["state"],
         "retrying_since": c["since"] if c["state"] != "connected" else None,
         "last_error": c["last_error"],
-        **(sink.buffered() if isinstance(sink, SqlSink) else {}),
+        **(sink.buffered() if isinstance(sink, SpooledSink) else {}),
     }
 
 

@@ -797,9 +797,9 @@ class Scheduler:
         unsaved.update(holders_of(old))
         if not saved:
             return
-        # two-phase sinks (sql) send the epoch's output now that it is committed
+        # two-phase sinks (sql, http) send the epoch's output now that it is committed
         done = {"app_id": rec.app_id, "epoch": pending.epoch, "generation": rec.generation}
-        waiting = {k.peer for k in self._spec_of(rec).sinks if k.connector == "sql"}
+        waiting = {k.peer for k in self._spec_of(rec).sinks if k.connector in ("sql", "http")}
         for peer in sorted(waiting & set(rec.addresses)):
             self._spawn(self._quiet(_addr(rec, peer), "app_committed", done))
         holders = unsaved | holders_of(rec.checkpoint)

@@ -838,7 +838,7 @@ class AppRuntime:
 
     async def _app_committed(self, req: dict[str, Any], conn: ConnectionInfo) -> bool:
         """The scheduler committed epoch ``epoch``: this peer's sinks of the app that
-        wait for it (sql) send its output."""
+        wait for it (sql, http) send its output."""
         inst = self._instance(req)
         epoch = req.get("epoch")
         if type(epoch) is not int or _generation(req) != inst.generation:

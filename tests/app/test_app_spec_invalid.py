@@ -222,7 +222,7 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], str, str]] = [
     ),
     (
         "unknown sink connector",
-        lambda d: d["sinks"][0].update(connector="http"),
+        lambda d: d["sinks"][0].update(connector="kafka"),
         "sinks[0].connector",
         "file, mqtt, stdout",
     ),

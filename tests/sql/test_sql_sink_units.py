@@ -282,7 +282,7 @@ async def test_a_table_with_other_columns_fails_the_sink_with_the_databases_reas
 async def test_a_long_epoch_waits_on_disk_not_in_memory_and_goes_out_whole(
     sinks: Open, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("agiledart.runtime.sql.sink.BATCH_ROWS", 100)
+    monkeypatch.setattr("agiledart.runtime.twophase.BATCH_ROWS", 100)
     sink = sinks()
     for i in range(10):
         sink.write([{"k": f"{i}-{j}", "n": i} for j in range(50)])
@@ -301,7 +301,7 @@ async def test_a_long_epoch_waits_on_disk_not_in_memory_and_goes_out_whole(
 async def test_rows_of_an_unsealed_epoch_on_disk_are_forgotten_by_a_restore(
     sinks: Open, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("agiledart.runtime.sql.sink.BATCH_ROWS", 100)
+    monkeypatch.setattr("agiledart.runtime.twophase.BATCH_ROWS", 100)
     first = sinks()
     first.write([{"k": str(j), "n": 1} for j in range(300)])
     await until(lambda: first.buffered()["buffered_rows"] == 300)

@@ -4,13 +4,13 @@ epoch's rows applied exactly once, through a buffer on disk while the database i
 Theory of operation (a two-phase commit, as Flink's ``TwoPhaseCommitSinkFunction``).
 *Pre-commit:* when checkpoint barrier E has come on every input
 (:mod:`agiledart.runtime.epochs`), the rows written since barrier E-1 are *sealed*:
-written to the sink's spool on its peer's disk (:mod:`.spool`, fsynced), and only then
-does the sink report the epoch to the scheduler. *Commit:* once the scheduler has
-committed E (every source, stateful instance and sink reported, the app record
-saved), it tells the sink's peer, and the sink sends the spooled epochs up to E to the
-database in order, each in one transaction that also records (app, sink, instance,
-epoch) in the bookkeeping table (:mod:`.db`): an epoch already recorded is skipped, so
-an epoch sent again after a crash is never applied twice.
+written to the sink's spool on its peer's disk (:mod:`agiledart.runtime.spool`,
+fsynced), and only then does the sink report the epoch to the scheduler. *Commit:* once
+the scheduler has committed E (every source, stateful instance and sink reported, the
+app record saved), it tells the sink's peer, and the sink sends the spooled epochs up to
+E to the database in order, each in one transaction that also records (app, sink,
+instance, epoch) in the bookkeeping table (:mod:`.db`): an epoch already recorded is
+skipped, so an epoch sent again after a crash is never applied twice.
 
 An epoch's rows wait in memory up to ``BATCH_ROWS``; past that they go to the spool
 as rows of the open epoch, which its seal renames (so a long epoch fills no memory).
@@ -32,8 +32,10 @@ app without checkpoints restarts from its beginning after a failure.
 ::
 
     ExecutionError                  (agiledart.app.errors)
-    ├── DatabaseDown                cannot reach the database now (retried)
-    └── DatabaseRefused             a statement that cannot succeed (the app fails)
+    ├── DestinationDown             (agiledart.runtime.twophase)
+    │   └── DatabaseDown            cannot reach the database now (retried)
+    └── DestinationRefused          (agiledart.runtime.twophase)
+        └── DatabaseRefused         a statement that cannot succeed (the app fails)
 """
 
 from agiledart.runtime.sql.db import DatabaseDown, DatabaseRefused

@@ -26,6 +26,8 @@ import psycopg
 import psycopg.errors
 
 from agiledart.app.errors import ExecutionError
+from agiledart.runtime.spool import FINAL_EPOCH, Batch
+from agiledart.runtime.twophase import DestinationDown, DestinationRefused
 
 __all__ = [
     "EPOCHS_TABLE",
@@ -40,29 +42,17 @@ __all__ = [
 
 #: the bookkeeping table: which epochs of which sink a database holds
 EPOCHS_TABLE = "agiledart_sink_epochs"
-#: the bookkeeping epoch of a sink's whole output, applied when the app ends
-FINAL_EPOCH = -1
 #: seconds a PostgreSQL connection attempt may take
 CONNECT_TIMEOUT_S = 3
 
 
-class DatabaseDown(ExecutionError):
+class DatabaseDown(DestinationDown):
     """The database cannot be reached now (refused, gone, locked): try again later."""
 
 
-class DatabaseRefused(ExecutionError):
+class DatabaseRefused(DestinationRefused):
     """The database refused a statement that cannot succeed later (a wrong column,
     type or constraint): the sink cannot write its table."""
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """Rows to apply: their ``epoch`` (None: a batch without checkpoints), the
-    ``columns`` (name, SQL type) and the rows, one value per column."""
-
-    epoch: int | None
-    columns: tuple[tuple[str, str], ...]
-    rows: list[list[Any]]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,5 +1,6 @@
-"""A ``sql`` sink's store-and-forward buffer: sealed epochs (or batches) waiting for
-the database, in order, in files on the sink's peer's disk, at most ``limit`` bytes.
+"""A two-phase sink's store-and-forward buffer (``sql``, ``http``): sealed epochs (or
+batches) waiting for the destination, in order, in files on the sink's peer's disk,
+at most ``limit`` bytes.
 
 One file per entry, ``<seq>_<epoch>_<rows>.json`` (epoch ``b``: a batch without
 checkpoints; ``o``: rows of the epoch not sealed yet, put on disk so that a long epoch
@@ -21,11 +22,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agiledart.runtime.sql.db import FINAL_EPOCH, Batch
+__all__ = ["FINAL_EPOCH", "Batch", "Entry", "Spool"]
 
-__all__ = ["Entry", "Spool"]
+#: the bookkeeping epoch of a sink's whole output, applied when the app ends
+FINAL_EPOCH = -1
 
 _NAME = re.compile(r"^(\d{12})_(-?\d+|b|o)_(\d+)\.json$")
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Rows to apply: their ``epoch`` (None: a batch without checkpoints), the
+    ``columns`` (name, SQL type; none for an http sink) and the rows (JSON values: for
+    an sql sink one value per column, for an http sink a record each)."""
+
+    epoch: int | None
+    columns: tuple[tuple[str, str], ...]
+    rows: list[Any]
 
 
 @dataclass(frozen=True, slots=True)
