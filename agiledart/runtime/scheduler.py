@@ -865,6 +865,12 @@ class Scheduler:
                             await self._rebind(rec)
                             continue
                         restarted = True
+                if await self._ended_meanwhile(rec, dead):
+                    # the old scheduler, only slow, ended the app while this peer
+                    # looked (its hosts undeployed it): restarting would run it again
+                    log.warning("not adopting app %s: it ended meanwhile", rec.app_id)
+                    self._forget(rec.app_id)
+                    continue
                 if not restarted and (lost in rec.sources.values() or lost in rec.sinks.values()):
                     await self._fail(rec, f"peer {lost}, which hosts a source or sink, died")
                     continue
@@ -878,6 +884,15 @@ class Scheduler:
         hosts = sorted(p for p in rec.hosts() if p != self.name)
         answers = await asyncio.gather(*(self._answers(rec, p) for p in hosts))
         return [p for p, ok in zip(hosts, answers, strict=True) if not ok]
+
+    async def _ended_meanwhile(self, rec: AppRecord, dead: str) -> bool:
+        """Whether the stored record of ``rec``, adopted from ``dead``, says it ended (or
+        a third peer took it) since this peer read it."""
+        try:
+            now = AppRecord.from_wire(await self.records.get(record_key("app", rec.app_id)))
+        except AgiledartError:
+            return False
+        return now.state not in LIVE_STATES or now.scheduler_name not in (dead, self.name)
 
     async def _restarted_hosts(self, rec: AppRecord) -> list[str]:
         """The hosts of ``rec`` (other than this peer) that answer but no longer run

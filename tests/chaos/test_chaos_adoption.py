@@ -250,3 +250,56 @@ def test_a_death_declared_after_the_restart_it_was_recovered_from_recovers_nothi
     running[0] = False  # really gone: recovered
     asyncio.run(s.recover("q-0", "edge-2"))
     assert restarts == ["edge-2"]
+
+
+def test_an_adopter_does_not_restart_an_app_its_slow_scheduler_ended_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Chaos seed 47 (run 8): the scheduler and its adopter were frozen together; let go,
+    the scheduler ended the app (its sink had finished) and undeployed it while the
+    adopter, which took it for dead, found hosts that no longer ran the app and
+    restarted it: the new run started the output file over under a `finished` app."""
+    store = Store()
+    rec = running_record("q-0")  # scheduled by edge-1
+    rec.placement, rec.sources, rec.sinks = {"count": ["edge-2"]}, {"in": "sensor-2"}, {}
+    store.data[record_key("scheduling", "edge-1")] = ["q-0"]
+    store.data[record_key("app", "q-0")] = rec.to_wire()
+
+    async def no_stats(peer: str) -> None:
+        return None
+
+    s = Scheduler(
+        name="sensor-1",
+        address=lambda: ("127.0.0.1", 2),
+        records=store,  # type: ignore[arg-type]
+        links=None,  # type: ignore[arg-type]
+        code=None,  # type: ignore[arg-type]
+        directory=None,  # type: ignore[arg-type]
+        stats_of=no_stats,
+    )
+    restarts: list[str] = []
+
+    async def gone(address: Address, app_id: str) -> bool:
+        return False  # edge-1 answers "not mine": it is ending the app
+
+    async def silent_hosts(rec: AppRecord) -> list[str]:
+        return []
+
+    async def undeployed(rec: AppRecord, peer: str) -> bool:
+        ended = AppRecord.from_wire(store.data[record_key("app", "q-0")])
+        ended.state = "finished"  # edge-1 saved the end, then undeployed
+        store.data[record_key("app", "q-0")] = ended.to_wire()
+        return False
+
+    async def restart_without(
+        rec: AppRecord, dead: str, started: float, *, restarted: bool = False
+    ) -> None:
+        restarts.append(dead)
+
+    monkeypatch.setattr(s, "still_scheduled", gone)
+    monkeypatch.setattr(s, "_silent_hosts", silent_hosts)
+    monkeypatch.setattr(s, "_runs", undeployed)
+    monkeypatch.setattr(s, "_restart_without", restart_without)
+    asyncio.run(s.adopt_from("edge-1"))
+    assert restarts == []
+    assert "q-0" not in s.apps
