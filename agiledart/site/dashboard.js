@@ -237,6 +237,18 @@ function drawApps(state) {
             `${op}: ${e.count || 1} \u00d7 ${e.type}: ${e.message}` + (e.peer ? ` on ${e.peer}` : "") +
             (e.record ? ` (e.g. ${e.record})` : "")));
         }
+        if (p.dead_letters) {
+          list.append(el("li", { class: "dead-letters" },
+            `${op}: ${fmt(p.dead_letters, 0)} sent to its dead-letter sink`));
+        }
+        for (const [peer, d] of Object.entries(p.dead_letter_sinks || {})) {
+          const where = d.path ? `: ${d.path}` : "";
+          const trouble = d.problem
+            ? ` (${d.error || d.last_error || d.connection || "trouble"}${d.lost ? `, ${d.lost} lost` : ""})`
+            : "";
+          list.append(el("li", { class: d.problem ? "error" : "dead-letters" },
+            `${op}: dead letters on ${peer}${where}${trouble}`));
+        }
       }
       card.append(list);
     }

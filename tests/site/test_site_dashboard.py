@@ -123,6 +123,8 @@ FAULTY = {
             "fn": "builtin:scale",
             "params": {"field": "absent"},
             "inputs": ["src"],
+            "on_error": "dead_letter",
+            "dead_letter": {"type": "file"},
         }
     ],
     "sinks": [{"id": "out", "peer": "gateway-1", "connector": "discard", "inputs": ["scaled"]}],
@@ -222,6 +224,15 @@ def test_dashboard_in_chromium(site: Site, tmp_path: Path) -> None:
         shown = poll(shows_errors, what="the faulty app's errors on the page", timeout=60)
         assert "KeyError: 'absent'" in shown["problems"]
         assert "(e.g. {" in shown["problems"]  # a record that raised it
+
+        def shows_letters() -> str | None:
+            got = browser.evaluate(ERRORS_IN_PAGE.replace("APP", app_id))
+            text = str(got["problems"]) if got else ""
+            return text if "200 sent to its dead-letter sink" in text else None
+
+        letters = poll(shows_letters, what="the faulty app's dead letters on the page", timeout=30)
+        assert "scaled: dead letters on " in letters
+        assert "scaled-" in letters  # the default path names the operator and the peer
         events = browser.evaluate("document.getElementById('events').textContent")
         assert f"app {app_id}: 200 record(s) dropped by errors (KeyError: 'absent')" in events
         browser.screenshot(tmp_path / "dashboard-errors.png")
