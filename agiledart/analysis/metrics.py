@@ -51,11 +51,12 @@ def latency_section(frames: Frames) -> Section:
     )
     summary = tuples.groupBy("app", "sink").agg(*_latency_stats())
     section.tables += [
-        collect(summary.orderBy("app", "sink"), "latency_summary", "Latency per app and sink"),
+        collect(summary, "latency_summary", "Latency per app and sink", ("app", "sink")),
         collect(
-            windows.orderBy("app", "window"),
+            windows,
             "latency_windows",
             f"Latency per app per {frames.window_ms:g} ms window",
+            ("app", "window"),
         ),
     ]
     section.notes.append(
@@ -131,7 +132,7 @@ def _per_operator(frames: Frames, windows: DataFrame) -> DataFrame:
         F.max("queue_mean").alias("queue_max"),
         F.mean("utilization_mean").alias("utilization_mean"),
     )
-    return totals.join(rates, ["app", "operator"]).orderBy("app", "operator")
+    return totals.join(rates, ["app", "operator"])
 
 
 def throughput_section(frames: Frames) -> Section:
@@ -143,12 +144,16 @@ def throughput_section(frames: Frames) -> Section:
     windows = _per_window(_increases(frames), frames.window_ms / 1000.0).persist()
     try:
         by_window = collect(
-            windows.orderBy("app", "operator", "window"),
+            windows,
             "throughput_windows",
             f"Throughput per {frames.window_ms:g} ms window",
+            ("app", "operator", "window"),
         )
         summary = collect(
-            _per_operator(frames, windows), "throughput_summary", "Throughput per operator"
+            _per_operator(frames, windows),
+            "throughput_summary",
+            "Throughput per operator",
+            ("app", "operator"),
         )
     finally:
         windows.unpersist()
