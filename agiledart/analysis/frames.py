@@ -25,16 +25,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from agiledart.analysis.model import Table
+from agiledart.analysis.schemas import kept_schema
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["ACCURACY", "MIN_SAMPLES", "Frames", "collect", "descending", "percentiles"]
+__all__ = ["ACCURACY", "MIN_SAMPLES", "Frames", "collect", "descending", "of_arrow", "percentiles"]
 
 #: ``percentile_approx``'s accuracy: a rank error of at most 1 / ACCURACY of the values
 ACCURACY = 10_000
@@ -60,8 +62,9 @@ class Frames:
         return self.counts.get(kind, 0) > 0
 
     def records(self, kind: str) -> DataFrame:
-        """Every valid ``kind`` record (there must be some: :meth:`has`)."""
-        return self.spark.read.parquet(str(self.parts / kind))
+        """Every valid ``kind`` record (there must be some: :meth:`has`), read with
+        the columns' schema given (no file's footer read to infer it, query by query)."""
+        return self.spark.read.schema(kept_schema(kind)).parquet(str(self.parts / kind))
 
     def t_s(self) -> Column:
         """``ts`` in seconds since the trace's first record, as ``t_s``."""
@@ -95,7 +98,12 @@ def collect(frame: DataFrame, name: str, title: str, order: Sequence[SortKey] = 
     of every record of a type can have hundreds of thousands of rows), sorted by
     ``order`` in the driver as Spark's ``orderBy`` would: ascending keys with nulls
     first, :func:`descending` ones with nulls last."""
-    table = frame.toArrow()
+    return of_arrow(frame.toArrow(), name, title, order)
+
+
+def of_arrow(table: pa.Table, name: str, title: str, order: Sequence[SortKey] = ()) -> Table:
+    """The rows of ``table`` (come back from Spark) as a :class:`Table`, sorted as
+    :func:`collect` sorts."""
     if order:
         keys = [
             (key, "ascending", "at_start") if isinstance(key, str) else (*key, "at_end")
@@ -104,4 +112,4 @@ def collect(frame: DataFrame, name: str, title: str, order: Sequence[SortKey] = 
         table = table.take(pc.sort_indices(table, sort_keys=keys))
     columns = [column.to_pylist() for column in table.columns]
     rows = list(zip(*columns, strict=True)) if columns else []
-    return Table(name=name, title=title, columns=list(frame.columns), rows=rows)
+    return Table(name=name, title=title, columns=list(table.column_names), rows=rows)
