@@ -30,6 +30,10 @@ Spark's own reader, which the analysis used before it parsed with Arrow
 
     python scripts/bench_analyze.py [--rows N] [--json] [--dir DIR] [--keep] [--no-local1]
 
+``cpu_s`` is the CPU time the analysis took (the driver, the local JVM and its Python
+workers; in local mode only), next to the machine's ``load`` average at the end: on a
+shared machine the wall-clock rates move with the load, the CPU time much less.
+
 With ``--json`` the last line printed is one JSON object.
 """
 
@@ -262,6 +266,22 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and of its children it has waited for."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds used so far by this process and every process under it (the local
+    JVM, its Python workers): unlike the wall-clock time, it barely moves with what
+    else the machine runs."""
+    return sum(_cpu_s(p) for p in _tree(os.getpid(), _children()))
+
+
 def _tree(pid: int, children: dict[int, list[int]]) -> list[int]:
     out, todo = [], [pid]
     while todo:
@@ -372,10 +392,11 @@ def main() -> int:
             conf = {**LOCAL_DEFAULTS, **conf}
         with spark_session(args.master, conf) as spark:
             startup_s = time.perf_counter() - started
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), tree_cpu_s()
             with PeakMemory() as memory:
                 result = analyze(traces, out, spark=spark)
             seconds = time.perf_counter() - started
+            cpu_s = tree_cpu_s() - cpu_started
             parse_s = None if args.no_parse else _parse_only(spark, traces)
         print(f"analyzed {result.lines} lines in {seconds:.1f} s", file=sys.stderr)
         rate = round(rows / seconds)
@@ -393,6 +414,8 @@ def main() -> int:
             "parse_rows_per_s": None if parse_s is None else round(rows / parse_s),
             "rows": rows,
             "seconds": round(seconds, 2),
+            "cpu_s": round(cpu_s, 2),
+            "load": [round(x, 2) for x in os.getloadavg()],
             **result.timings,
             "startup_s": round(startup_s, 2),
             "write_s": round(write_s, 2),

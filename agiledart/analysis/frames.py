@@ -8,7 +8,10 @@ aggregations run partially in every partition and are merged after a shuffle, wi
 (running sums, a previous sample) sort spillably per series, and percentiles are
 Spark's ``percentile_approx`` (a Greenwald-Khanna sketch per group, of bounded size).
 No section's records ever have to fit in one executor or in the driver; only the final
-tables come back, through Arrow (:func:`collect`).
+tables come back, through Arrow (:func:`collect`), and the driver puts them in order:
+a final table is in the driver whole anyway, and Spark's global sort would cost every
+table a sampling job and a second pass over what it sorts (for a log of records, a
+second scan of them).
 
 **Percentiles** are approximate with :data:`ACCURACY`: the value returned for quantile
 ``q`` of ``n`` values is one of them, whose rank is within ``n / ACCURACY`` of
@@ -22,15 +25,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from agiledart.analysis.model import Table
+from agiledart.analysis.schemas import kept_schema
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["ACCURACY", "MIN_SAMPLES", "Frames", "collect", "percentiles"]
+__all__ = ["ACCURACY", "MIN_SAMPLES", "Frames", "collect", "descending", "of_arrow", "percentiles"]
 
 #: ``percentile_approx``'s accuracy: a rank error of at most 1 / ACCURACY of the values
 ACCURACY = 10_000
@@ -56,8 +62,9 @@ class Frames:
         return self.counts.get(kind, 0) > 0
 
     def records(self, kind: str) -> DataFrame:
-        """Every valid ``kind`` record (there must be some: :meth:`has`)."""
-        return self.spark.read.parquet(str(self.parts / kind))
+        """Every valid ``kind`` record (there must be some: :meth:`has`), read with
+        the columns' schema given (no file's footer read to infer it, query by query)."""
+        return self.spark.read.schema(kept_schema(kind)).parquet(str(self.parts / kind))
 
     def t_s(self) -> Column:
         """``ts`` in seconds since the trace's first record, as ``t_s``."""
@@ -77,9 +84,32 @@ def percentiles(column: str, qs: Sequence[float], count: Column | None = None) -
     return [F.when(enough, approx[i]) for i in range(len(qs))]
 
 
-def collect(frame: DataFrame, name: str, title: str) -> Table:
+#: a sort key of :func:`collect`: a column (ascending), or ``(column, "descending")``
+SortKey = str | tuple[str, str]
+
+
+def descending(column: str) -> SortKey:
+    """A sort key: ``column`` descending (nulls last, as Spark's ``desc``)."""
+    return (column, "descending")
+
+
+def collect(frame: DataFrame, name: str, title: str, order: Sequence[SortKey] = ()) -> Table:
     """Run ``frame`` and keep its rows as a :class:`Table` (through Arrow: a log table
-    of every record of a type can have hundreds of thousands of rows)."""
-    columns = [column.to_pylist() for column in frame.toArrow().columns]
+    of every record of a type can have hundreds of thousands of rows), sorted by
+    ``order`` in the driver as Spark's ``orderBy`` would: ascending keys with nulls
+    first, :func:`descending` ones with nulls last."""
+    return of_arrow(frame.toArrow(), name, title, order)
+
+
+def of_arrow(table: pa.Table, name: str, title: str, order: Sequence[SortKey] = ()) -> Table:
+    """The rows of ``table`` (come back from Spark) as a :class:`Table`, sorted as
+    :func:`collect` sorts."""
+    if order:
+        keys = [
+            (key, "ascending", "at_start") if isinstance(key, str) else (*key, "at_end")
+            for key in order
+        ]
+        table = table.take(pc.sort_indices(table, sort_keys=keys))
+    columns = [column.to_pylist() for column in table.columns]
     rows = list(zip(*columns, strict=True)) if columns else []
-    return Table(name=name, title=title, columns=list(frame.columns), rows=rows)
+    return Table(name=name, title=title, columns=list(table.column_names), rows=rows)

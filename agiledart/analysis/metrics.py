@@ -16,10 +16,19 @@ down (the instance restarted) adds its new value.
 
 from __future__ import annotations
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from agiledart.analysis.frames import ACCURACY, MIN_SAMPLES, Frames, collect, percentiles
+from agiledart.analysis.frames import (
+    ACCURACY,
+    MIN_SAMPLES,
+    Frames,
+    collect,
+    of_arrow,
+    percentiles,
+)
 from agiledart.analysis.model import Section
 
 __all__ = ["PERCENTILES", "latency_section", "throughput_section"]
@@ -42,20 +51,28 @@ def latency_section(frames: Frames) -> Section:
     section = Section("latency", "End-to-end latency", ("tuple",))
     if not frames.has("tuple"):
         return section
-    tuples = frames.records("tuple")
-    seconds = frames.window_ms / 1000.0
-    windows = (
-        tuples.groupBy("app", frames.window().alias("window"))
-        .agg(*_latency_stats())
-        .select("app", "window", (F.col("window") * F.lit(seconds)).alias("t_s"), *_LATENCY)
+    tuples = frames.records("tuple").select(
+        "app", "sink", "latency_ms", frames.window().alias("window")
     )
-    summary = tuples.groupBy("app", "sink").agg(*_latency_stats())
+    # both tables in one aggregation (one scan of the records, one job): a row per
+    # (app, sink) and a row per (app, window), told apart by which set grouped it
+    both = (
+        tuples.groupingSets([("app", "sink"), ("app", "window")], "app", "sink", "window")
+        .agg(F.grouping("window").alias("per_sink"), *_latency_stats())
+        .toArrow()
+    )
+    per_sink = pc.equal(both["per_sink"], 1)
+    summary = both.filter(per_sink).select(["app", "sink", *_LATENCY])
+    windows = both.filter(pc.invert(per_sink))
+    t_s = pc.multiply(windows["window"].cast(pa.float64()), frames.window_ms / 1000.0)
+    windows = windows.select(["app", "window", *_LATENCY]).add_column(2, "t_s", t_s)
     section.tables += [
-        collect(summary.orderBy("app", "sink"), "latency_summary", "Latency per app and sink"),
-        collect(
-            windows.orderBy("app", "window"),
+        of_arrow(summary, "latency_summary", "Latency per app and sink", ("app", "sink")),
+        of_arrow(
+            windows,
             "latency_windows",
             f"Latency per app per {frames.window_ms:g} ms window",
+            ("app", "window"),
         ),
     ]
     section.notes.append(
@@ -131,7 +148,7 @@ def _per_operator(frames: Frames, windows: DataFrame) -> DataFrame:
         F.max("queue_mean").alias("queue_max"),
         F.mean("utilization_mean").alias("utilization_mean"),
     )
-    return totals.join(rates, ["app", "operator"]).orderBy("app", "operator")
+    return totals.join(rates, ["app", "operator"])
 
 
 def throughput_section(frames: Frames) -> Section:
@@ -143,12 +160,16 @@ def throughput_section(frames: Frames) -> Section:
     windows = _per_window(_increases(frames), frames.window_ms / 1000.0).persist()
     try:
         by_window = collect(
-            windows.orderBy("app", "operator", "window"),
+            windows,
             "throughput_windows",
             f"Throughput per {frames.window_ms:g} ms window",
+            ("app", "operator", "window"),
         )
         summary = collect(
-            _per_operator(frames, windows), "throughput_summary", "Throughput per operator"
+            _per_operator(frames, windows),
+            "throughput_summary",
+            "Throughput per operator",
+            ("app", "operator"),
         )
     finally:
         windows.unpersist()

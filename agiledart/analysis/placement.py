@@ -14,7 +14,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from agiledart.analysis.frames import Frames, collect
+from agiledart.analysis.frames import Frames, collect, descending
 from agiledart.analysis.model import Section, Table
 
 __all__ = ["placement_section", "scheduler_section"]
@@ -36,13 +36,9 @@ def _per_peer(frames: Frames, latest: DataFrame) -> DataFrame:
     )
     writers = frames.spark.createDataFrame([(p,) for p in frames.writer_peers], "peer string")
     peers = writers.unionByName(instances.select("peer")).distinct()
-    return (
-        peers.join(
-            instances.groupBy("peer").agg(F.count(F.lit(1)).alias("operators")), "peer", "left"
-        )
-        .select("peer", F.coalesce("operators", F.lit(0)).alias("operators"))
-        .orderBy(F.desc("operators"), "peer")
-    )
+    return peers.join(
+        instances.groupBy("peer").agg(F.count(F.lit(1)).alias("operators")), "peer", "left"
+    ).select("peer", F.coalesce("operators", F.lit(0)).alias("operators"))
 
 
 def placement_section(frames: Frames) -> Section:
@@ -52,7 +48,10 @@ def placement_section(frames: Frames) -> Section:
     latest = _latest(frames).persist()  # one row per app, read by every table below
     try:
         table = collect(
-            _per_peer(frames, latest), "operators_per_peer", "Operator instances per peer"
+            _per_peer(frames, latest),
+            "operators_per_peer",
+            "Operator instances per peer",
+            (descending("operators"), "peer"),
         )
         placements = collect(
             latest.select(
@@ -60,20 +59,20 @@ def placement_section(frames: Frames) -> Section:
                 "name",
                 "strategy",
                 F.explode("placement").alias("operator", "peers"),
-            )
-            .select(
+            ).select(
                 "app", "name", "strategy", "operator", F.array_join("peers", " ").alias("peers")
-            )
-            .orderBy("app", "operator"),
+            ),
             "placements",
             "Latest placement of each app",
+            ("app", "operator"),
         )
         paths = collect(
-            latest.select("app", F.posexplode("paths").alias("i", "path"))
-            .select("app", "i", F.array_join("path", " > ").alias("path"))
-            .orderBy("app", "i"),
+            latest.select("app", F.posexplode("paths").alias("i", "path")).select(
+                "app", "i", F.array_join("path", " > ").alias("path")
+            ),
             "placement_paths",
             "Dataflow paths of each app (source to sink)",
+            ("app", "i"),
         )
         apps = latest.count()
     finally:
@@ -98,22 +97,19 @@ def scheduler_section(frames: Frames) -> Section:
     if not frames.has("scheduler"):
         return section
     events = frames.records("scheduler")
-    zones = (
-        events.groupBy("zone")
-        .agg(
-            F.countDistinct("scheduler").alias("schedulers"),
-            F.array_join(F.array_sort(F.collect_set("scheduler")), " ").alias("names"),
-            F.count(F.lit(1)).alias("events"),
-            F.max_by("scheduler", "ts").alias("latest"),
-            F.max_by("apps", "ts").alias("latest_apps"),
-        )
-        .orderBy("zone")
+    zones = events.groupBy("zone").agg(
+        F.countDistinct("scheduler").alias("schedulers"),
+        F.array_join(F.array_sort(F.collect_set("scheduler")), " ").alias("names"),
+        F.count(F.lit(1)).alias("events"),
+        F.max_by("scheduler", "ts").alias("latest"),
+        F.max_by("apps", "ts").alias("latest_apps"),
     )
-    per_zone = collect(zones, "schedulers", "Schedulers per zone")
+    per_zone = collect(zones, "schedulers", "Schedulers per zone", ("zone",))
     log = collect(
-        events.select(frames.t_s(), "zone", "scheduler", "event", "apps").orderBy("t_s", "zone"),
+        events.select(frames.t_s(), "zone", "scheduler", "event", "apps"),
         "scheduler_events",
         "Scheduler events",
+        ("t_s", "zone"),
     )
     section.tables += [per_zone, log]
     return section

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from agiledart.analysis.frames import Frames, collect, percentiles
+from agiledart.analysis.frames import Frames, collect, descending, percentiles
 from agiledart.analysis.model import Section
 
 __all__ = ["CDF_POINTS", "CURVE_POINTS", "OUTCOMES", "routing_section", "shuffle_section"]
@@ -59,19 +59,14 @@ def _regret(deliveries: DataFrame) -> tuple[DataFrame, DataFrame]:
             | (F.col("packets") == F.col("n"))
         )
         .select(*SERIES, "k", "packets", "delay_ms", "optimal_ms", "regret_ms")
-        .orderBy(*SERIES, "packets")
     )
-    summary = (
-        deliveries.groupBy(*SERIES)
-        .agg(
-            F.count(F.lit(1)).alias("packets"),
-            F.mean("delay_ms").alias("delay_ms_mean"),
-            F.mean("optimal_ms").alias("optimal_ms"),
-            F.sum(F.col("delay_ms") - F.col("optimal_ms")).alias("regret_ms"),
-            F.count_if(F.col("optimal_ms").isNull()).alias("without_optimal"),
-            F.mean("attempts").alias("attempts_mean"),
-        )
-        .orderBy(*SERIES)
+    summary = deliveries.groupBy(*SERIES).agg(
+        F.count(F.lit(1)).alias("packets"),
+        F.mean("delay_ms").alias("delay_ms_mean"),
+        F.mean("optimal_ms").alias("optimal_ms"),
+        F.sum(F.col("delay_ms") - F.col("optimal_ms")).alias("regret_ms"),
+        F.count_if(F.col("optimal_ms").isNull()).alias("without_optimal"),
+        F.mean("attempts").alias("attempts_mean"),
     )
     return curve, summary
 
@@ -87,17 +82,13 @@ def _paths(deliveries: DataFrame) -> DataFrame:
     )
     series = Window.partitionBy(*SERIES)
     rank = Window.partitionBy(*SERIES).orderBy(F.desc("packets"), "path")
-    return (
-        counted.select(
-            *SERIES,
-            "path",
-            "packets",
-            (F.col("packets") / F.sum("packets").over(series)).alias("share"),
-            F.row_number().over(rank).alias("rank"),
-        )
-        .where(F.col("rank") <= TOP_PATHS)
-        .orderBy(*SERIES, "rank")
-    )
+    return counted.select(
+        *SERIES,
+        "path",
+        "packets",
+        (F.col("packets") / F.sum("packets").over(series)).alias("share"),
+        F.row_number().over(rank).alias("rank"),
+    ).where(F.col("rank") <= TOP_PATHS)
 
 
 def _cdf(deliveries: DataFrame) -> DataFrame:
@@ -111,7 +102,6 @@ def _cdf(deliveries: DataFrame) -> DataFrame:
         )
         .select("policy", "graph", "packets", F.posexplode("levels").alias("i", "delay_ms"))
         .select("policy", "graph", (F.col("i") / last).alias("fraction"), "delay_ms", "packets")
-        .orderBy("policy", "graph", "fraction")
     )
 
 
@@ -121,11 +111,18 @@ def routing_section(frames: Frames) -> Section:
         return section
     deliveries = _deliveries(frames)
     curve, summary = _regret(deliveries)
-    regret = collect(curve, "regret", "Regret R(K) per policy and graph")
-    cdf = collect(_cdf(deliveries), "delay_cdf", "Packet delay CDF per policy and graph")
-    paths = collect(_paths(deliveries), "paths", f"Most used paths (top {TOP_PATHS})")
+    regret = collect(curve, "regret", "Regret R(K) per policy and graph", (*SERIES, "packets"))
+    cdf = collect(
+        _cdf(deliveries),
+        "delay_cdf",
+        "Packet delay CDF per policy and graph",
+        ("policy", "graph", "fraction"),
+    )
+    paths = collect(
+        _paths(deliveries), "paths", f"Most used paths (top {TOP_PATHS})", (*SERIES, "rank")
+    )
     section.tables += [
-        collect(summary, "regret_summary", "Deliveries and final regret per series"),
+        collect(summary, "regret_summary", "Deliveries and final regret per series", SERIES),
         regret,
         paths,
         cdf,
@@ -180,28 +177,30 @@ def shuffle_section(frames: Frames) -> Section:
     attempts = _attempts(frames).persist()
     try:
         rate = (F.col("ok") / F.col("attempts")).alias("success_rate")
-        outcomes = (
-            attempts.groupBy("policy", "graph", "outcome")
-            .agg(F.sum("attempts").alias("attempts"), _delay_mean())
-            .orderBy("policy", "graph", "outcome")
+        outcomes = attempts.groupBy("policy", "graph", "outcome").agg(
+            F.sum("attempts").alias("attempts"), _delay_mean()
         )
         hops = (
             attempts.groupBy("policy", "graph", "hop")
             .agg(*_outcome_counts())
             .select("policy", "graph", "hop", "attempts", *OUTCOMES, rate, "delay_ms_mean")
-            .orderBy("policy", "graph", "hop")
         )
         links = (
             attempts.groupBy("policy", "graph", "node", "next")
             .agg(*_outcome_counts())
             .select("policy", "graph", "node", "next", "attempts", *OUTCOMES, rate, "delay_ms_mean")
-            .orderBy("policy", "graph", F.desc("attempts"), "node", "next")
         )
-        by_outcome = collect(outcomes, "shuffle_outcomes", "Attempts per outcome")
         section.tables += [
-            by_outcome,
-            collect(hops, "shuffle_hops", "Attempts per hop index"),
-            collect(links, "shuffle_links", "Attempts per link (node -> next)"),
+            collect(
+                outcomes, "shuffle_outcomes", "Attempts per outcome", ("policy", "graph", "outcome")
+            ),
+            collect(hops, "shuffle_hops", "Attempts per hop index", ("policy", "graph", "hop")),
+            collect(
+                links,
+                "shuffle_links",
+                "Attempts per link (node -> next)",
+                ("policy", "graph", descending("attempts"), "node", "next"),
+            ),
         ]
     finally:
         attempts.unpersist()

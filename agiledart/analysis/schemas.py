@@ -26,6 +26,7 @@ __all__ = [
     "CORRUPT",
     "RECORD_TYPES",
     "SCHEMA_VERSION",
+    "kept_schema",
     "record_schema",
     "required_fields",
     "union_schema",
@@ -104,3 +105,10 @@ ANALYZED: dict[str, tuple[str, ...]] = {
     "scheduler": ("zone", "scheduler", "event", "apps"),
     "ingest": (),  # an mqtt source's shedding: checked, not analysed yet
 }
+
+
+def kept_schema(kind: str) -> T.StructType:
+    """The columns the reader keeps of a valid ``kind`` record: ``ts``, ``peer`` and
+    :data:`ANALYZED`, in that order."""
+    fields = {field.name: field for field in record_schema(kind).fields}
+    return T.StructType([fields[name] for name in ("ts", "peer", *ANALYZED[kind])])

@@ -27,13 +27,13 @@ def scaling_section(frames: Frames) -> Section:
     timeline = collect(
         decisions.select(
             frames.t_s(), "app", "operator", "peer", "health", "instances", "target", "decision"
-        ).orderBy("app", "operator", "t_s"),
+        ),
         "scaling",
         "Scaling decisions (health and instances over time)",
+        ("app", "operator", "t_s"),
     )
     summary = collect(
-        decisions.groupBy("app", "operator")
-        .agg(
+        decisions.groupBy("app", "operator").agg(
             F.count(F.lit(1)).alias("decisions"),
             *(F.count_if(F.col("decision") == d).alias(d) for d in DECISIONS),
             F.min("instances").alias("instances_min"),
@@ -41,10 +41,10 @@ def scaling_section(frames: Frames) -> Section:
             F.max_by("instances", "ts").alias("instances_last"),
             F.mean("health").alias("health_mean"),
             F.max_by("health", "ts").alias("health_last"),
-        )
-        .orderBy("app", "operator"),
+        ),
         "scaling_summary",
         "Scaling per operator",
+        ("app", "operator"),
     )
     section.tables += [summary, timeline]
     return section
@@ -64,7 +64,7 @@ def recovery_section(frames: Frames) -> Section:
         "duration_ms",
         F.array_join("operators", " ").alias("operators"),
     )
-    log = collect(events.drop("ts").orderBy("t_s", "app"), "recovery_events", "Recovery events")
+    log = collect(events.drop("ts"), "recovery_events", "Recovery events", ("t_s", "app"))
     first = [F.min(F.when(F.col("phase") == p, F.col("t_s"))).alias(f"{p}_s") for p in PHASES]
     took = [
         F.max(F.when(F.col("phase") == p, F.col("duration_ms"))).alias(f"{p}_ms")
@@ -73,10 +73,10 @@ def recovery_section(frames: Frames) -> Section:
     incidents = collect(
         events.groupBy("app", "dead_peer")
         .agg(*first, *took, F.max("epoch").alias("epoch"))
-        .withColumn("detect_to_resume_s", F.col("resumed_s") - F.col("detected_s"))
-        .orderBy("detected_s", "app", "dead_peer"),
+        .withColumn("detect_to_resume_s", F.col("resumed_s") - F.col("detected_s")),
         "recovery_incidents",
         "Recovery incidents (one per app and dead peer)",
+        ("detected_s", "app", "dead_peer"),
     )
     section.tables += [incidents, log]
     return section
@@ -88,25 +88,25 @@ def checkpoint_section(frames: Frames) -> Section:
         return section
     checkpoints = frames.records("checkpoint")
     summary = collect(
-        checkpoints.groupBy("app")
-        .agg(
+        checkpoints.groupBy("app").agg(
             F.count(F.lit(1)).alias("checkpoints"),
             F.count_if("committed").alias("committed"),
             F.max("epoch").alias("last_epoch"),
             F.mean("bytes").alias("bytes_mean"),
             F.mean("duration_ms").alias("duration_ms_mean"),
             F.max("duration_ms").alias("duration_ms_max"),
-        )
-        .orderBy("app"),
+        ),
         "checkpoint_summary",
         "Checkpoints per app",
+        ("app",),
     )
     log = collect(
         checkpoints.select(
             frames.t_s(), "app", "peer", "epoch", "bytes", "duration_ms", "m", "k", "committed"
-        ).orderBy("t_s", "app"),
+        ),
         "checkpoints",
         "Checkpoints",
+        ("t_s", "app"),
     )
     section.tables += [summary, log]
     return section
@@ -118,14 +118,16 @@ def peer_section(frames: Frames) -> Section:
         return section
     events = frames.records("peer")
     summary = collect(
-        events.groupBy("event").agg(F.count(F.lit(1)).alias("records")).orderBy("event"),
+        events.groupBy("event").agg(F.count(F.lit(1)).alias("records")),
         "peer_event_counts",
         "Membership events",
+        ("event",),
     )
     log = collect(
-        events.select(frames.t_s(), "peer", "event", "subject", "zone").orderBy("t_s", "peer"),
+        events.select(frames.t_s(), "peer", "event", "subject", "zone"),
         "peer_events",
         "Membership events (who saw what)",
+        ("t_s", "peer"),
     )
     section.tables += [summary, log]
     return section
