@@ -199,7 +199,7 @@ class AppRuntime:
             )
             frames.on_stream("relay", self.relay.on_relay)
             links.on_stream("relay_ack", self.relay.on_ack)
-            links.on_stream("relay_done", self.relay.on_done)
+            frames.on_stream("relay_done", self.relay.on_done)
         overlay.on_deliver("join", _join_delivered)
         overlay.subscribe(self._membership)
 

@@ -212,5 +212,12 @@ def test_a_relay_that_dies_holding_packets_loses_none(tmp_path: Path) -> None:
             status: dict[str, Any] = cli_json(site, "status", app_id, *ask)
             return status if status["state"] in ("finished", "failed", "stopped") else None
 
-        status = poll(done, what="the app to finish without edge-1", timeout=120)
+        status = poll(done, what="the app to finish without edge-1", timeout=90)
         check_outputs(site, spec, status, logs)
+
+        def confirmed() -> bool:  # every packet the source's peer sent is confirmed
+            ring = asyncio.run(site.request(PEERS.index("sensor-1"), "ring", {}))
+            stats = ring["relay"]["stats"]
+            return bool(stats["sent"] > 0 and stats["unconfirmed"] == 0)
+
+        poll(confirmed, what="the destination to confirm every packet", timeout=20)
