@@ -564,8 +564,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         pg: Postgres | None = None
         if "postgresql" in sinks:
-            (work / "pg").mkdir()
-            pg = Postgres(work / "pg")
+            # its own folder in /tmp: the ``postgres`` user reaches no folder of root's
+            pg_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-pg-")))
+            pg = Postgres(pg_dir)
             stack.callback(pg.close)
             os.environ[PG_ENV] = PG_PASSWORD  # before the peers start: they inherit it
         broker = Mosquitto(work)
