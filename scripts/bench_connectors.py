@@ -44,7 +44,8 @@ table), ``{sink}_sink_write_p99_ms`` and ``{sink}_at_most_once_sink_write_p99_ms
 (the sink's own ``latency_p99_ms`` in ``status``: source to the sink's write, before
 any commit), ``{sink}_rows``, ``exactly_once_vs_at_most_once`` (the lowest ratio of
 the throughputs over the sinks) and ``sink_tables_exact``. ``--keep DIR`` works in
-``DIR`` and leaves each table's final rows in ``DIR/tables/TABLE.json``.
+``DIR`` and leaves each table's final rows in ``DIR/tables/TABLE.json`` (and each
+app's last ``status`` in ``DIR/status/``).
 """
 
 from __future__ import annotations
@@ -463,6 +464,8 @@ def sink_run(
     elapsed = (complete or time.time()) - start
     (work / "tables").mkdir(exist_ok=True)
     (work / "tables" / f"{table}.json").write_text(json.dumps([list(r) for r in final]))
+    (work / "status").mkdir(exist_ok=True)
+    (work / "status" / f"{name}.json").write_text(json.dumps(s))  # the app's last status
     return {
         "sink": database,
         "mode": mode,
