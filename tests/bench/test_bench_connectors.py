@@ -16,7 +16,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_connectors.py"
 
 def test_quick_run_reports_the_engine_beside_mosquitto_sub() -> None:
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--burst", "2000", "--json"],
+        [sys.executable, str(SCRIPT), "--burst", "2000", "--sinks", "", "--json"],
         check=True,
         capture_output=True,
         text=True,
