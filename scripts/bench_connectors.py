@@ -1,4 +1,5 @@
-"""Connector benchmark: MQTT ingest into a running app, against ``mosquitto_sub``.
+"""Connector benchmark: MQTT ingest into a running app, against ``mosquitto_sub``; and
+the sink pipelines, exactly-once against the same pipeline without checkpoints.
 
 A Mosquitto with its default limits (``max_inflight_messages 20``,
 ``max_queued_messages 1000``) on loopback; a burst of ``--burst`` QoS 1 messages
@@ -9,34 +10,65 @@ each record with the wall-clock time it decoded it (the payloads carry no ``ts``
 the engine's rate is the burst over the time from the publish's start to the last
 stamp; ``mosquitto_sub``'s is the burst over the time to its exit.
 
+*Sinks* (``--sinks``, default ``sqlite,postgresql``): on the same two peers, an
+``mqtt`` source (QoS 1, a burst of ``--records`` published by one ``mosquitto_pub -l``)
+on the first -> a 1 s keyed window (sum of ``v`` over 7 keys) -> a ``sql`` sink on the
+second (SQLite: a file on the sink's peer; PostgreSQL: a throwaway cluster on
+127.0.0.1 that the bench starts), each sink twice: with checkpoints (``erasure``, an
+epoch a second: each epoch's rows go into the table once it commits, exactly once)
+and without (``mode: restart``: rows go out in batches within a second, no guarantee
+across a failure; the issue calls it at-most-once). The bench polls the table every
+100 ms: throughput is the burst over the time from the publish's start to the poll
+that finds the values adding up to the burst's; latency, per row, the poll that
+first saw it minus its window's close (its end, or for the last window, cut short by
+the burst's end, the time ``mosquitto_pub`` had the whole burst acked). Each table
+must end exact: one row per (key, window), per key the sum of the burst's values
+(the windows follow the decode times, so the rows themselves are not fixed). The
+``mqtt`` sink is not measured: it does not yet release its records per committed
+epoch, so it has no exactly-once side to compare.
+
 Usage::
 
     python scripts/bench_connectors.py --json
     python scripts/bench_connectors.py --burst 10000 --rounds 3 --json
+    python scripts/bench_connectors.py --sinks-only --sinks sqlite,postgresql --records 20000 --json
 
 The last line (with ``--json``) is one JSON object: ``burst_messages``,
 ``burst_delivered_fraction`` (what the app's source received of the QoS 1 burst, the
 lowest over the rounds), ``engine_msgs_per_s`` and ``mosquitto_sub_msgs_per_s`` (the
-medians), ``engine_vs_mosquitto_sub``, and the machine's load average. The sink
-pipelines of the connectors issue (sql, mqtt, exactly-once against at-most-once) are
-not measured here yet.
+medians), ``engine_vs_mosquitto_sub`` (these without ``--sinks-only``), and the
+machine's load average; with sinks, ``sinks_measured``, ``sink_records``, per sink
+``{sink}_exactly_once_tps``, ``{sink}_at_most_once_tps`` (records of the burst per
+second into the table), ``{sink}_p99_ms`` and ``{sink}_at_most_once_p99_ms`` (to the
+table), ``{sink}_sink_write_p99_ms`` and ``{sink}_at_most_once_sink_write_p99_ms``
+(the sink's own ``latency_p99_ms`` in ``status``: source to the sink's write, before
+any commit), ``{sink}_rows``, ``exactly_once_vs_at_most_once`` (the lowest ratio of
+the throughputs over the sinks) and ``sink_tables_exact``. ``--keep DIR`` works in
+``DIR`` and leaves each table's final rows in ``DIR/tables/TABLE.json`` (and each
+app's last ``status`` in ``DIR/status/``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import glob
 import json
 import os
+import pwd
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from benchlib import free_port
 
 from agiledart.emulate import LocalCluster, site_name
@@ -100,25 +132,30 @@ def anchor(broker: Mosquitto, n: int, work: Path) -> tuple[float, int]:
     return got / max(end - start, 1e-6), got
 
 
+def agiledart(cluster: LocalCluster, *args: str) -> Any:
+    """``agiledart ARGS --json`` through the cluster's second peer; its JSON."""
+    key = str(cluster.workdir / "cluster.key") if cluster.workdir else ""
+    via = "{}:{}".format(*cluster.address(1))
+    cmd = [sys.executable, "-m", "agiledart.cli", "--log-level", "warning", *args]
+    proc = subprocess.run(
+        [*cmd, "--json", "--cluster-key-file", key, "--via", via],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if proc.returncode != 0:
+        msg = f"agiledart {' '.join(args)} exited with {proc.returncode}: {proc.stderr}"
+        raise RuntimeError(msg)
+    return json.loads(proc.stdout)
+
+
 def engine(
     cluster: LocalCluster, broker: Mosquitto, n: int, work: Path, run: int
 ) -> dict[str, Any]:
     """The app's rate over the burst, and what its source received and shed."""
-    key = str(cluster.workdir / "cluster.key") if cluster.workdir else ""
-    via = "{}:{}".format(*cluster.address(1))
 
     def cli(*args: str) -> Any:
-        cmd = [sys.executable, "-m", "agiledart.cli", "--log-level", "warning", *args]
-        proc = subprocess.run(
-            [*cmd, "--json", "--cluster-key-file", key, "--via", via],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if proc.returncode != 0:
-            msg = f"agiledart {' '.join(args)} exited with {proc.returncode}: {proc.stderr}"
-            raise RuntimeError(msg)
-        return json.loads(proc.stdout)
+        return agiledart(cluster, *args)
 
     topic = f"{TOPIC}/engine{run}"
     spec = {
@@ -183,23 +220,364 @@ def engine(
     }
 
 
+# -- the sink pipelines: MQTT -> 1 s keyed window -> sql sink -------------------------
+
+SINKS = ("sqlite", "postgresql")
+PG_PASSWORD = "agiledart-bench-password"
+PG_ENV = "AGILEDART_SECRET_BENCH_PG"  #: the peers inherit it (set before they start)
+WINDOW_MS = 1_000
+KEYS = 7
+
+
+class Postgres:
+    """A throwaway PostgreSQL cluster on 127.0.0.1 (as root it runs as ``postgres``)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.user = "postgres" if os.geteuid() == 0 else None
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+        if not found:
+            msg = "PostgreSQL is not installed (scripts/setup.sh installs it)"
+            raise RuntimeError(msg)
+        self.bin = Path(found[-1]).parent
+        pwfile = workdir / "pw"
+        pwfile.write_text(PG_PASSWORD + "\n")
+        if self.user is not None:
+            u = pwd.getpwnam(self.user)
+            os.chown(workdir, u.pw_uid, u.pw_gid)
+            os.chown(pwfile, u.pw_uid, u.pw_gid)
+        data = str(workdir / "data")
+        self._run(
+            "initdb", "-D", data, "-U", "postgres", "--pwfile", str(pwfile),
+            "--auth-host=scram-sha-256", "--auth-local=trust", "-E", "UTF8", "--no-sync",
+        )  # fmt: skip
+        opts = f"-k {workdir} -p {self.port} -h 127.0.0.1"
+        log = str(workdir / "log")
+        self._run("pg_ctl", "-D", data, "-o", opts, "-l", log, "-w", "-t", "60", "start")
+
+    def _run(self, name: str, *argv: str) -> None:
+        cmd = [str(self.bin / name), *argv]
+        if self.user is not None:
+            cmd = ["runuser", "-u", self.user, "--", *cmd]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def query(self, sql: str) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.url, password=PG_PASSWORD, autocommit=True) as conn:
+            cur = conn.execute(sql)
+            return list(cur.fetchall()) if cur.description else []
+
+    def close(self) -> None:
+        data = str(self.workdir / "data")
+        with contextlib.suppress(subprocess.SubprocessError):
+            self._run("pg_ctl", "-D", data, "-m", "fast", "-w", "stop")
+
+
+def sink_lines(n: int) -> bytes:
+    """The sink runs' burst: ``v`` from 1, so that a record lost changes its key's sum."""
+    return "".join(f'{{"key":"k{i % KEYS}","v":{i + 1}}}\n' for i in range(n)).encode()
+
+
+def reference_sums(n: int) -> dict[str, int]:
+    """Per key, the sum of its ``v`` over the burst: what the windows' rows add up to."""
+    sums = {f"k{j}": 0 for j in range(min(n, KEYS))}
+    for i in range(n):
+        sums[f"k{i % KEYS}"] += i + 1
+    return sums
+
+
+def exact(rows: list[tuple[Any, ...]], n: int) -> bool:
+    """Whether the table holds the burst's windows once each: one row per (key, 1 s
+    window), and per key the values add up to the reference (the window boundaries
+    follow the source's decode times, so the rows themselves are not fixed)."""
+    cells = {(r[0], r[1]) for r in rows}
+    sums: dict[str, int] = {}
+    for key, start, end, value in rows:
+        if end - start != WINDOW_MS:
+            return False
+        sums[key] = sums.get(key, 0) + int(value)
+    return len(cells) == len(rows) and sums == reference_sums(n)
+
+
+def sink_spec(name: str, topic: str, broker: Mosquitto, n: int, sink: dict[str, Any],
+              exactly_once: bool) -> dict[str, Any]:  # fmt: skip
+    """mqtt (QoS 1, ``n`` records) on the first peer -> 1 s keyed window (sum of ``v``)
+    and the sql sink on the second; checkpoints (erasure, an epoch a second) or none."""
+    cp = {"mode": "erasure", "interval_ms": 1_000, "m": 1, "k": 1}
+    return {
+        "name": name,
+        "checkpoint": cp if exactly_once else {"mode": "restart"},
+        "sources": [
+            {
+                "id": "burst",
+                "peer": site_name(0),
+                "connector": "mqtt",
+                "params": {
+                    "broker": f"127.0.0.1:{broker.port}",
+                    "topic": topic,
+                    "qos": 1,
+                    "count": n,
+                },
+            }
+        ],
+        "operators": [
+            {
+                "id": "per_key",
+                "op": "window",
+                "params": {"size_ms": WINDOW_MS, "key": "key", "aggregate": "sum", "field": "v"},
+                "inputs": ["burst"],
+                "peer": site_name(1),
+            }
+        ],
+        "sinks": [
+            {
+                "id": "out",
+                "peer": site_name(1),
+                "connector": "sql",
+                "params": sink,
+                "inputs": ["per_key"],
+            }
+        ],
+    }
+
+
+def sink_run(
+    cluster: LocalCluster,
+    broker: Mosquitto,
+    pg: Postgres | None,
+    n: int,
+    work: Path,
+    database: str,
+    exactly_once: bool,
+) -> dict[str, Any]:
+    """One run: publish the burst, poll the table until its values add up to the
+    burst's (throughput: the burst over that time from the publish's start; latency:
+    per row, when the poll first saw it minus its window's end), then the app's end."""
+    mode = "exactly_once" if exactly_once else "at_most_once"
+    name = f"{database}-{mode.replace('_', '-')}"
+    table = f"windows_{database}_{mode}"  # not sqlite_*: reserved
+    topic = f"{TOPIC}/{name}"
+    if database == "postgresql":
+        assert pg is not None
+        sink: dict[str, Any] = {"url": pg.url, "password_env": PG_ENV, "table": table}
+    else:
+        sink = {"table": table}
+    spec = sink_spec(name, topic, broker, n, sink, exactly_once)
+    path = work / f"{name}.json"
+    path.write_text(json.dumps(spec))
+    app = agiledart(cluster, "submit", str(path))["app_id"]
+
+    s: dict[str, Any] = {}
+
+    def ready() -> str | None:
+        nonlocal s
+        s = agiledart(cluster, "status", app)
+        if s["state"] in ("failed", "stopped"):
+            msg = f"{name}: the app ended {s['state']}: {s.get('error')}"
+            raise RuntimeError(msg)
+        subscribed = any(
+            p["sources"].get("burst", {}).get("subscribed") for p in s["peers"].values()
+        )
+        out = [p["sinks"]["out"] for p in s["peers"].values() if "out" in p["sinks"]]
+        return str(out[0]["path"] or "") if subscribed and out else None  # PostgreSQL: ""
+
+    deadline = time.monotonic() + 60
+    while (db_path := ready()) is None:
+        if time.monotonic() > deadline:
+            msg = f"{name}: the app's source did not subscribe within 60 s: {json.dumps(s)[:3000]}"
+            raise RuntimeError(msg)
+        time.sleep(0.2)
+
+    def rows() -> list[tuple[Any, ...]]:
+        sql = f"SELECT key, window_start, window_end, value FROM {table}"
+        if pg is not None and database == "postgresql":
+            try:
+                return pg.query(sql)
+            except psycopg.errors.UndefinedTable:
+                return []
+        if not Path(db_path).exists():
+            return []
+        conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5)
+        try:
+            return conn.execute(sql).fetchall()
+        except sqlite3.OperationalError:  # no table yet (or locked a moment)
+            return []
+        finally:
+            conn.close()
+
+    total = sum(reference_sums(n).values())
+    seen: dict[tuple[Any, Any, Any], float] = {}
+    pub = subprocess.Popen(
+        ["mosquitto_pub", "-p", str(broker.port), "-t", topic, "-q", "1", "-l"],
+        stdin=subprocess.PIPE,
+    )
+    lines = sink_lines(n)
+    published: list[float] = []
+
+    def feed() -> None:  # the pipe blocks while mosquitto_pub waits on the broker
+        assert pub.stdin is not None
+        pub.stdin.write(lines)
+        pub.stdin.close()
+        pub.wait()
+        published.append(time.time())  # it exits once the broker acked the whole burst
+
+    start = time.time()
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    complete: float | None = None
+    checked = start
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        got = rows()
+        now = time.time()
+        for key, w_start, w_end, _ in got:
+            seen.setdefault((key, w_start, w_end), now)
+        if sum(int(r[3]) for r in got) >= total:
+            complete = now
+            break
+        if now > checked + 3.0:  # a failed app ends the wait (a status costs a CLI call)
+            checked = now
+            if agiledart(cluster, "status", app)["state"] in ("failed", "stopped"):
+                break
+        time.sleep(0.1)
+    feeder.join(timeout=60)
+    burst_end = published[0] if published else time.time()
+    # a window closes at its end, the last one (cut short by the burst's end) when the
+    # burst was all published: latency is from then to the row first seen in the table
+    latencies = [
+        (at - min(w_end / 1000.0, burst_end)) * 1000.0 for (_, _, w_end), at in seen.items()
+    ]
+    deadline = time.monotonic() + 120
+    while (s := agiledart(cluster, "status", app))["state"] not in ("finished", "failed"):
+        if time.monotonic() > deadline:
+            agiledart(cluster, "stop", app)
+            break
+        time.sleep(0.5)
+    final = rows()
+    if s["state"] != "finished":
+        print(f"{name}: the app ended {s['state']}: {s.get('error')}", file=sys.stderr)
+    out = next(p["sinks"]["out"] for p in s["peers"].values() if "out" in p["sinks"])
+    elapsed = (complete or time.time()) - start
+    (work / "tables").mkdir(exist_ok=True)
+    (work / "tables" / f"{table}.json").write_text(json.dumps([list(r) for r in final]))
+    (work / "status").mkdir(exist_ok=True)
+    (work / "status" / f"{name}.json").write_text(json.dumps(s))  # the app's last status
+    return {
+        "sink": database,
+        "mode": mode,
+        "tps": n / max(elapsed, 1e-6) if complete else 0.0,
+        "complete": complete is not None,
+        "exact": exact(final, n),
+        "rows": len(final),
+        "p99_ms": statistics.quantiles(latencies, n=100, method="inclusive")[98]
+        if len(latencies) > 1
+        else None,
+        "sink_write_p99_ms": out.get("latency_p99_ms"),
+        "state": s["state"],
+        "checkpoints": s.get("checkpoints"),
+        "received": sum(
+            p["sources"].get("burst", {}).get("received", 0) for p in s["peers"].values()
+        ),
+        "sink_records": s["totals"]["sink_records"],
+    }
+
+
+def sink_part(
+    cluster: LocalCluster,
+    broker: Mosquitto,
+    pg: Postgres | None,
+    n: int,
+    work: Path,
+    sinks: list[str],
+) -> dict[str, Any]:
+    """Every sink each way, exactly-once first; the JSON keys of the sink part."""
+    result: dict[str, Any] = {"sink_records": n, "sinks_measured": sinks}
+    ratios: list[float] = []
+    exact_all = True
+    for database in sinks:
+        runs = {}
+        for exactly_once in (True, False):
+            r = sink_run(cluster, broker, pg, n, work, database, exactly_once)
+            runs[r["mode"]] = r
+            exact_all = exact_all and r["exact"] and r["complete"]
+            p99 = "-" if r["p99_ms"] is None else f"{r['p99_ms']:,.0f} ms"
+            print(
+                f"{database} {r['mode']}: {r['tps']:,.0f} records/s, p99 {p99} to the table "
+                f"({r['rows']} rows, exact {r['exact']}, {r['state']}, source received "
+                f"{r['received']}/{n}, sink records {r['sink_records']}, "
+                f"checkpoints {r['checkpoints']})",
+                file=sys.stderr,
+            )
+        eo, amo = runs["exactly_once"], runs["at_most_once"]
+        result[f"{database}_exactly_once_tps"] = round(eo["tps"])
+        result[f"{database}_at_most_once_tps"] = round(amo["tps"])
+        result[f"{database}_p99_ms"] = _ms(eo["p99_ms"])
+        result[f"{database}_at_most_once_p99_ms"] = _ms(amo["p99_ms"])
+        result[f"{database}_sink_write_p99_ms"] = _ms(eo["sink_write_p99_ms"])
+        result[f"{database}_at_most_once_sink_write_p99_ms"] = _ms(amo["sink_write_p99_ms"])
+        result[f"{database}_rows"] = eo["rows"]
+        if amo["tps"] > 0:
+            ratios.append(eo["tps"] / amo["tps"])
+    result["exactly_once_vs_at_most_once"] = round(min(ratios), 3) if ratios else None
+    result["sink_tables_exact"] = exact_all
+    return result
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--burst", type=int, default=10_000, help="messages per burst")
     parser.add_argument("--rounds", type=int, default=1, help="bursts each way")
+    parser.add_argument(
+        "--sinks",
+        default=",".join(SINKS),
+        help="sink pipelines to measure, comma-separated (sqlite, postgresql); '' for none",
+    )
+    parser.add_argument("--records", type=int, default=20_000, help="records per sink run")
+    parser.add_argument("--sinks-only", action="store_true", help="skip the ingest part")
+    parser.add_argument(
+        "--keep", type=Path, help="work in this folder and keep it (tables/ holds each table)"
+    )
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     args = parser.parse_args(argv)
+    sinks = [x.strip() for x in args.sinks.split(",") if x.strip()]
+    unknown = sorted(set(sinks) - set(SINKS))
+    if unknown:
+        parser.error(f"unknown sinks {unknown}: choose among {', '.join(SINKS)}")
+    if args.sinks_only and not sinks:
+        parser.error("--sinks-only needs at least one sink")
     n = args.burst
     subs: list[float] = []
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-connectors-") as tmp:
-        work = Path(tmp)
+    result: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            work = args.keep.resolve()
+        else:
+            work = Path(
+                stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-connectors-"))
+            )
+        pg: Postgres | None = None
+        if "postgresql" in sinks:
+            # its own folder in /tmp: the ``postgres`` user reaches no folder of root's
+            pg_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-pg-")))
+            pg = Postgres(pg_dir)
+            stack.callback(pg.close)
+            os.environ[PG_ENV] = PG_PASSWORD  # before the peers start: they inherit it
         broker = Mosquitto(work)
         try:
             (work / "site").mkdir()
             with LocalCluster(2, port=free_port(), workdir=work / "site") as cluster:
                 asyncio.run(cluster.wait_formed())
-                for run in range(args.rounds):
+                for run in range(0 if args.sinks_only else args.rounds):
                     rate, got = anchor(broker, n, work)
                     subs.append(rate)
                     row = engine(cluster, broker, n, work, run)
@@ -209,24 +587,28 @@ def main(argv: list[str] | None = None) -> int:
                         f"{row['msgs_per_s']:,.0f}/s ({row['received']}/{n}, shed {row['shed']})",
                         file=sys.stderr,
                     )
+                if sinks:
+                    result.update(sink_part(cluster, broker, pg, args.records, work, sinks))
             dropped = broker.dropped()
         finally:
             broker.close()
-    engine_rate = statistics.median(r["msgs_per_s"] for r in rows)
-    sub_rate = statistics.median(subs)
-    result = {
-        "burst_messages": n,
-        "burst_qos": 1,
-        "rounds": args.rounds,
-        "burst_delivered_fraction": round(min(r["received"] for r in rows) / n, 4),
-        "engine_msgs_per_s": round(engine_rate),
-        "mosquitto_sub_msgs_per_s": round(sub_rate),
-        "engine_vs_mosquitto_sub": round(engine_rate / sub_rate, 3),
-        "engine_shed": sum(r["shed"] for r in rows),
-        "broker_dropped_warnings": dropped,
-        "load_avg_1m": round(os.getloadavg()[0], 2),
-        "cpus": os.cpu_count(),
-    }
+    if rows:
+        engine_rate = statistics.median(r["msgs_per_s"] for r in rows)
+        sub_rate = statistics.median(subs)
+        result = {
+            "burst_messages": n,
+            "burst_qos": 1,
+            "rounds": args.rounds,
+            "burst_delivered_fraction": round(min(r["received"] for r in rows) / n, 4),
+            "engine_msgs_per_s": round(engine_rate),
+            "mosquitto_sub_msgs_per_s": round(sub_rate),
+            "engine_vs_mosquitto_sub": round(engine_rate / sub_rate, 3),
+            "engine_shed": sum(r["shed"] for r in rows),
+            **result,
+        }
+    result["broker_dropped_warnings"] = dropped
+    result["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    result["cpus"] = os.cpu_count()
     print(json.dumps(result) if args.json else json.dumps(result, indent=1))
     return 0
 
