@@ -38,6 +38,24 @@ class Store:
         return copy.deepcopy(self.data.get(key))
 
 
+def scheduler(name: str, port: int, store: Store) -> Scheduler:
+    """A scheduler on ``127.0.0.1:port`` over ``store``, with no links: the tests
+    replace the methods that would ask other peers."""
+
+    async def no_stats(peer: str) -> None:
+        return None
+
+    return Scheduler(
+        name=name,
+        address=lambda: ("127.0.0.1", port),
+        records=store,  # type: ignore[arg-type]
+        links=None,  # type: ignore[arg-type]
+        code=None,  # type: ignore[arg-type]
+        directory=None,  # type: ignore[arg-type]
+        stats_of=no_stats,
+    )
+
+
 def test_a_declined_adoption_is_tried_again_once_the_scheduler_stops_answering(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -47,18 +65,7 @@ def test_a_declined_adoption_is_tried_again_once_the_scheduler_stops_answering(
     store.data[record_key("scheduling", "edge-1")] = ["q-0"]
     store.data[record_key("app", "q-0")] = rec.to_wire()
 
-    async def no_stats(peer: str) -> None:
-        return None
-
-    s = Scheduler(
-        name="sensor-1",
-        address=lambda: ("127.0.0.1", 2),
-        records=store,  # type: ignore[arg-type]
-        links=None,  # type: ignore[arg-type]
-        code=None,  # type: ignore[arg-type]
-        directory=None,  # type: ignore[arg-type]
-        stats_of=no_stats,
-    )
+    s = scheduler("sensor-1", 2, store)
     answering = [True]
     asked: list[Address] = []
     rebound: list[str] = []
@@ -105,18 +112,7 @@ def test_a_peer_never_adopts_an_app_it_schedules(monkeypatch: pytest.MonkeyPatch
     store.data[record_key("scheduling", "edge-1")] = ["q-0"]
     store.data[record_key("app", "q-0")] = rec.to_wire()
 
-    async def no_stats(peer: str) -> None:
-        return None
-
-    s = Scheduler(
-        name="edge-1",
-        address=lambda: ("127.0.0.1", 1),
-        records=store,  # type: ignore[arg-type]
-        links=None,  # type: ignore[arg-type]
-        code=None,  # type: ignore[arg-type]
-        directory=None,  # type: ignore[arg-type]
-        stats_of=no_stats,
-    )
+    s = scheduler("edge-1", 1, store)
     s.apps["q-0"] = rec
     asked: list[Address] = []
 
@@ -164,18 +160,7 @@ def test_an_adopter_recovers_a_host_that_restarted_while_nobody_scheduled_the_ap
     store.data[record_key("scheduling", "edge-1")] = ["q-0"]
     store.data[record_key("app", "q-0")] = rec.to_wire()
 
-    async def no_stats(peer: str) -> None:
-        return None
-
-    s = Scheduler(
-        name="sensor-1",
-        address=lambda: ("127.0.0.1", 2),
-        records=store,  # type: ignore[arg-type]
-        links=None,  # type: ignore[arg-type]
-        code=None,  # type: ignore[arg-type]
-        directory=None,  # type: ignore[arg-type]
-        stats_of=no_stats,
-    )
+    s = scheduler("sensor-1", 2, store)
     restarts: list[tuple[str, bool]] = []
     rebound: list[str] = []
 
@@ -219,18 +204,7 @@ def test_a_death_declared_after_the_restart_it_was_recovered_from_recovers_nothi
     rec.scheduler, rec.scheduler_name = ("127.0.0.1", 2), "sensor-1"
     rec.placement, rec.sources, rec.sinks = {"count": ["edge-2"]}, {"in": "sensor-2"}, {}
 
-    async def no_stats(peer: str) -> None:
-        return None
-
-    s = Scheduler(
-        name="sensor-1",
-        address=lambda: ("127.0.0.1", 2),
-        records=store,  # type: ignore[arg-type]
-        links=None,  # type: ignore[arg-type]
-        code=None,  # type: ignore[arg-type]
-        directory=None,  # type: ignore[arg-type]
-        stats_of=no_stats,
-    )
+    s = scheduler("sensor-1", 2, store)
     s.apps["q-0"] = rec
     restarts: list[str] = []
     running = [True]
@@ -265,18 +239,7 @@ def test_an_adopter_does_not_restart_an_app_its_slow_scheduler_ended_meanwhile(
     store.data[record_key("scheduling", "edge-1")] = ["q-0"]
     store.data[record_key("app", "q-0")] = rec.to_wire()
 
-    async def no_stats(peer: str) -> None:
-        return None
-
-    s = Scheduler(
-        name="sensor-1",
-        address=lambda: ("127.0.0.1", 2),
-        records=store,  # type: ignore[arg-type]
-        links=None,  # type: ignore[arg-type]
-        code=None,  # type: ignore[arg-type]
-        directory=None,  # type: ignore[arg-type]
-        stats_of=no_stats,
-    )
+    s = scheduler("sensor-1", 2, store)
     restarts: list[str] = []
 
     async def gone(address: Address, app_id: str) -> bool:
