@@ -209,6 +209,7 @@ class AppRuntime:
         # instance reads them again (a restarted app's sources start new logs)
         shutil.rmtree(self.data.root / "mqtt", ignore_errors=True)
         self.records.load()  # the peer holds its state directory by now
+        self.scheduler.start()
         self._publisher = group.create_task(self._publish_loop(joined))
         self._upkeep = group.create_task(self.records.upkeep_loop(joined))
         self._offerer = group.create_task(self._offer_cached_code(joined))
@@ -226,6 +227,7 @@ class AppRuntime:
     async def aclose(self) -> None:
         """Stop publishing and tear down every app instance on this peer."""
         self._group = None
+        await self.scheduler.aclose()
         for loop in (self._publisher, self._upkeep, self._offerer):
             if loop is not None:
                 loop.cancel()

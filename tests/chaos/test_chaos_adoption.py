@@ -15,10 +15,11 @@ import pytest
 from support.apps import running_record
 
 from agiledart.overlay.routing import Contact
-from agiledart.runtime import scheduler as scheduling
+from agiledart.runtime import adoption
+from agiledart.runtime.appstate import AppRecord, AppState
 from agiledart.runtime.links import Address
 from agiledart.runtime.records import record_key
-from agiledart.runtime.scheduler import AppRecord, Scheduler
+from agiledart.runtime.scheduler import Scheduler
 from agiledart.runtime.service import left_to
 
 
@@ -59,7 +60,7 @@ def scheduler(name: str, port: int, store: Store) -> Scheduler:
 def test_a_declined_adoption_is_tried_again_once_the_scheduler_stops_answering(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(scheduling, "REVISIT_S", 0.01)
+    monkeypatch.setattr(adoption, "REVISIT_S", 0.01)
     store = Store()
     rec = running_record("q-0")  # scheduled by edge-1
     store.data[record_key("scheduling", "edge-1")] = ["q-0"]
@@ -81,8 +82,8 @@ def test_a_declined_adoption_is_tried_again_once_the_scheduler_stops_answering(
         rebound.append(rec.app_id)
 
     monkeypatch.setattr(s, "still_scheduled", still_scheduled)
-    monkeypatch.setattr(s, "_silent_hosts", silent_hosts)
-    monkeypatch.setattr(s, "_rebind", rebind)
+    monkeypatch.setattr(s.adoption, "silent_hosts", silent_hosts)
+    monkeypatch.setattr(s.adoption, "rebind", rebind)
 
     async def run() -> None:
         await s.adopt_from("edge-1")  # edge-1 still answers: not adopted
@@ -113,7 +114,7 @@ def test_a_peer_never_adopts_an_app_it_schedules(monkeypatch: pytest.MonkeyPatch
     store.data[record_key("app", "q-0")] = rec.to_wire()
 
     s = scheduler("edge-1", 1, store)
-    s.apps["q-0"] = rec
+    s.hold(rec)
     asked: list[Address] = []
 
     async def still_scheduled(address: Address, app_id: str) -> bool:
@@ -124,7 +125,7 @@ def test_a_peer_never_adopts_an_app_it_schedules(monkeypatch: pytest.MonkeyPatch
     asyncio.run(s.adopt_from("edge-1"))
     assert asked == []
     assert s.apps["q-0"] is rec
-    assert not s._revisiting
+    assert not s.adoption.revisiting
 
 
 def contact(name: str, node_id: int) -> Contact:
@@ -182,10 +183,10 @@ def test_an_adopter_recovers_a_host_that_restarted_while_nobody_scheduled_the_ap
         restarts.append((dead, restarted))
 
     monkeypatch.setattr(s, "still_scheduled", gone)
-    monkeypatch.setattr(s, "_silent_hosts", silent_hosts)
-    monkeypatch.setattr(s, "_runs", runs)
-    monkeypatch.setattr(s, "_rebind", rebind)
-    monkeypatch.setattr(s, "_restart_without", restart_without)
+    monkeypatch.setattr(s.adoption, "silent_hosts", silent_hosts)
+    monkeypatch.setattr(s.hosts, "runs", runs)
+    monkeypatch.setattr(s.adoption, "rebind", rebind)
+    monkeypatch.setattr(s.recovery, "restart_without", restart_without)
     asyncio.run(s.adopt_from("edge-1"))
     assert rebound == []
     assert restarts == [("edge-2", True)]
@@ -205,7 +206,7 @@ def test_a_death_declared_after_the_restart_it_was_recovered_from_recovers_nothi
     rec.placement, rec.sources, rec.sinks = {"count": ["edge-2"]}, {"in": "sensor-2"}, {}
 
     s = scheduler("sensor-1", 2, store)
-    s.apps["q-0"] = rec
+    s.hold(rec)
     restarts: list[str] = []
     running = [True]
 
@@ -217,8 +218,8 @@ def test_a_death_declared_after_the_restart_it_was_recovered_from_recovers_nothi
     ) -> None:
         restarts.append(dead)
 
-    monkeypatch.setattr(s, "_runs_now", runs_now)
-    monkeypatch.setattr(s, "_restart_without", restart_without)
+    monkeypatch.setattr(s.hosts, "runs_now", runs_now)
+    monkeypatch.setattr(s.recovery, "restart_without", restart_without)
     asyncio.run(s.recover("q-0", "edge-2"))
     assert restarts == []
     running[0] = False  # really gone: recovered
@@ -250,7 +251,8 @@ def test_an_adopter_does_not_restart_an_app_its_slow_scheduler_ended_meanwhile(
 
     async def undeployed(rec: AppRecord, peer: str) -> bool:
         ended = AppRecord.from_wire(store.data[record_key("app", "q-0")])
-        ended.state = "finished"  # edge-1 saved the end, then undeployed
+        if ended.live:  # edge-1 saved the end, then undeployed
+            ended.move_to(AppState.FINISHED)
         store.data[record_key("app", "q-0")] = ended.to_wire()
         return False
 
@@ -260,9 +262,9 @@ def test_an_adopter_does_not_restart_an_app_its_slow_scheduler_ended_meanwhile(
         restarts.append(dead)
 
     monkeypatch.setattr(s, "still_scheduled", gone)
-    monkeypatch.setattr(s, "_silent_hosts", silent_hosts)
-    monkeypatch.setattr(s, "_runs", undeployed)
-    monkeypatch.setattr(s, "_restart_without", restart_without)
+    monkeypatch.setattr(s.adoption, "silent_hosts", silent_hosts)
+    monkeypatch.setattr(s.hosts, "runs", undeployed)
+    monkeypatch.setattr(s.recovery, "restart_without", restart_without)
     asyncio.run(s.adopt_from("edge-1"))
     assert restarts == []
     assert "q-0" not in s.apps

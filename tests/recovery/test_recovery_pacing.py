@@ -17,8 +17,8 @@ import pytest
 from support.apps import running_record
 
 from agiledart.cli import build_parser
+from agiledart.runtime.appstatus import status_view
 from agiledart.runtime.epochs import CHECKPOINT_RATE, Pacer
-from agiledart.runtime.scheduler import status_view
 
 
 def simulate(apps: int, interval: float, rate: float, until: float) -> dict[int, list[float]]:

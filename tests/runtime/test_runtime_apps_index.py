@@ -15,8 +15,8 @@ from support.processes import free_port
 
 from agiledart.overlay.auth import ClusterKey
 from agiledart.peer import Peer, PeerConfig
+from agiledart.runtime.appstate import apps_index, utc_day
 from agiledart.runtime.records import record_key
-from agiledart.runtime.scheduler import apps_index, utc_day
 
 KEY = ClusterKey.generate(random.Random("test-cluster-key-0123456789"))
 

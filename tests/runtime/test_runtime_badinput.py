@@ -23,10 +23,10 @@ from agiledart.errors import AgiledartError
 from agiledart.operators.base import FINAL_WATERMARK
 from agiledart.overlay.errors import PeerUnreachable
 from agiledart.overlay.tcp import FrameClient
+from agiledart.runtime.appstate import apps_index, utc_day
 from agiledart.runtime.errors import UnknownApp
 from agiledart.runtime.instance import Deployment
 from agiledart.runtime.records import record_key
-from agiledart.runtime.scheduler import apps_index, utc_day
 
 pytestmark = [pytest.mark.processes]
 

@@ -13,7 +13,8 @@ from support.apps import running_record
 
 from agiledart.errors import AgiledartError
 from agiledart.runtime import scheduler as scheduling
-from agiledart.runtime.scheduler import AppRecord, Scheduler
+from agiledart.runtime.appstate import AppRecord, AppState
+from agiledart.runtime.scheduler import Scheduler
 
 
 class Store:
@@ -51,15 +52,14 @@ def scheduler(store: Store) -> Scheduler:
 
 def live(s: Scheduler, app_id: str) -> AppRecord:
     rec = running_record(app_id)
-    s.apps[app_id] = rec
-    s._sinks_done[app_id] = {}
-    s._next_epoch[app_id] = 4
+    s.hold(rec).epochs.next_epoch = 4
     return rec
 
 
 async def end(s: Scheduler, rec: AppRecord, state: str = "finished") -> None:
-    rec.state, rec.final = state, {"sinks": {"out": {"records": 7}}}
-    await s._save(rec)
+    rec.move_to(AppState(state))
+    rec.final = {"sinks": {"out": {"records": 7}}}
+    await s.save(rec)
 
 
 def test_only_the_newest_ended_apps_stay_in_memory(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,7 +72,9 @@ def test_only_the_newest_ended_apps_stay_in_memory(monkeypatch: pytest.MonkeyPat
         for i, rec in enumerate(recs[:6]):
             await end(s, rec, "stopped" if i % 2 else "finished")
         assert set(s.apps) == {"q-3", "q-4", "q-5", "q-6", "q-7"}  # 3 ended, 2 live
-        assert set(s._sinks_done) == set(s._next_epoch) == set(s.apps)
+        # an app in memory is one object: its epochs went with the forgotten ones
+        assert set(s.scheduled) == set(s.apps)
+        assert all(app.epochs.next_epoch == 4 for app in s.scheduled.values())
         # a forgotten app is read back from the DHT, final state and figures included
         old = await s.record("q-0")
         assert old is not s.apps.get("q-0")
@@ -124,8 +126,8 @@ def test_an_app_ends_once_however_many_ends_race(monkeypatch: pytest.MonkeyPatch
     async def undeploy(rec: AppRecord) -> None:
         undeploys.append(rec.app_id)
 
-    monkeypatch.setattr(s, "gather", gather)
-    monkeypatch.setattr(s, "_undeploy", undeploy)
+    monkeypatch.setattr(s.hosts, "gather", gather)
+    monkeypatch.setattr(s.hosts, "undeploy", undeploy)
 
     async def run() -> None:
         rec = live(s, "q-0")

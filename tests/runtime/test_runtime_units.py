@@ -12,6 +12,8 @@ import pytest
 
 from agiledart.app import AppSpec, parse_spec
 from agiledart.app.errors import ExecutionError, SpecError
+from agiledart.runtime.appstate import AppRecord
+from agiledart.runtime.appstatus import status_view
 from agiledart.runtime.code import Bundle, CodeStore, code_id_of, code_ids_in
 from agiledart.runtime.errors import CodeError, StoreError, UnknownApp
 from agiledart.runtime.instance import (
@@ -24,7 +26,6 @@ from agiledart.runtime.instance import (
     _segments,
 )
 from agiledart.runtime.records import LocalRecords, record_key
-from agiledart.runtime.scheduler import AppRecord, status_view
 
 # -- records ------------------------------------------------------------------------------
 

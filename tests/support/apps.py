@@ -11,8 +11,8 @@ from agiledart.app import AppSpec
 from agiledart.app.reference import canonical, reference_outputs
 from agiledart.datasets import read_file
 from agiledart.emulate import LocalCluster
+from agiledart.runtime.appstate import AppRecord
 from agiledart.runtime.connectors import open_sink
-from agiledart.runtime.scheduler import AppRecord
 
 
 def quick(spec: AppSpec, seconds: float = 1.5) -> list[str]:

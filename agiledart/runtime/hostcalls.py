@@ -1,0 +1,103 @@
+"""What a scheduler asks the peers hosting an app: requests whose failure is a
+deployment error (:meth:`HostCalls.call`) or only logged (:meth:`HostCalls.quiet`),
+undeploying, and the probes recovery and adoption decide on (does a host answer, does
+it still run its instances, does it run the current generation)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from agiledart.errors import AgiledartError
+from agiledart.runtime.appstate import AppRecord
+from agiledart.runtime.errors import DeployError
+from agiledart.runtime.links import Address, Links
+
+log = logging.getLogger(__name__)
+
+__all__ = ["HostCalls"]
+
+
+class HostCalls:
+    def __init__(
+        self,
+        *,
+        name: str,
+        links: Links,
+        stats_of: Callable[[str], Awaitable[dict[str, Any] | None]],
+    ) -> None:
+        self.name = name
+        self.links = links
+        self._local_stats = stats_of
+
+    async def call(
+        self, address: Address, type: str, body: dict[str, Any], *, timeout: float = 10.0
+    ) -> Any:
+        try:
+            return await self.links.request(address, type, body, timeout=timeout)
+        except AgiledartError as exc:
+            msg = f"{type} at {address[0]}:{address[1]} failed: {exc}"
+            raise DeployError(msg) from exc
+
+    async def quiet(self, address: Address, type: str, body: dict[str, Any]) -> Any:
+        try:
+            return await self.links.request(address, type, body, timeout=10.0)
+        except AgiledartError as exc:
+            log.warning("%s to %s failed: %s", type, address, exc)
+            return None
+
+    async def undeploy(self, rec: AppRecord) -> None:
+        addresses = rec.known_addresses()
+        await asyncio.gather(
+            *(self.quiet(a, "undeploy", {"app_id": rec.app_id}) for a in addresses.values())
+        )
+
+    async def gather(self, rec: AppRecord) -> dict[str, Any]:
+        """Every hosting peer's statistics of ``rec``'s instance."""
+        addresses = rec.known_addresses()
+
+        async def one(peer: str) -> tuple[str, Any]:
+            if peer == self.name:
+                return peer, await self._local_stats(rec.app_id)
+            return peer, await self.quiet(addresses[peer], "app_stats", {"app_id": rec.app_id})
+
+        got = await asyncio.gather(*(one(p) for p in sorted(addresses)))
+        return {p: s for p, s in got if s is not None}
+
+    async def ring_answers(self, address: Address, timeout: float = 3.0) -> bool:
+        """Whether the peer at ``address`` answers a ``ring`` request now."""
+        try:
+            await self.links.request(address, "ring", {}, timeout=timeout)
+        except AgiledartError:
+            return False
+        return True
+
+    async def answers(self, rec: AppRecord, peer: str) -> bool:
+        """Whether ``peer``, a host of ``rec``, answers a ``ring`` request now."""
+        if peer not in rec.addresses:
+            return False
+        return await self.ring_answers(rec.address_of(peer))
+
+    async def runs(self, rec: AppRecord, peer: str) -> bool:
+        """Whether ``peer`` (which answers) still runs its instances of ``rec``."""
+        if peer not in rec.addresses:
+            return False
+        body = {"app_id": rec.app_id}
+        try:
+            stats = await self.links.request(rec.address_of(peer), "app_stats", body, timeout=5.0)
+        except AgiledartError:
+            return True  # not known to be gone: the failure stands
+        return stats is not None
+
+    async def runs_now(self, rec: AppRecord, peer: str) -> bool:
+        """Whether ``peer`` answers and runs the current generation of ``rec``."""
+        if peer not in rec.addresses:
+            return False
+        body = {"app_id": rec.app_id}
+        try:
+            stats = await self.links.request(rec.address_of(peer), "app_stats", body, timeout=1.5)
+        except AgiledartError:
+            return False
+        return isinstance(stats, dict) and stats.get("generation") == rec.generation
