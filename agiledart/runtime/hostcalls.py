@@ -80,24 +80,25 @@ class HostCalls:
             return False
         return await self.ring_answers(rec.address_of(peer))
 
+    async def _app_stats(self, rec: AppRecord, peer: str, timeout: float) -> tuple[bool, Any]:
+        """Whether ``peer`` answered ``app_stats`` of ``rec``, and its answer."""
+        body = {"app_id": rec.app_id}
+        address = rec.address_of(peer)
+        try:
+            return True, await self.links.request(address, "app_stats", body, timeout=timeout)
+        except AgiledartError:
+            return False, None
+
     async def runs(self, rec: AppRecord, peer: str) -> bool:
         """Whether ``peer`` (which answers) still runs its instances of ``rec``."""
         if peer not in rec.addresses:
             return False
-        body = {"app_id": rec.app_id}
-        try:
-            stats = await self.links.request(rec.address_of(peer), "app_stats", body, timeout=5.0)
-        except AgiledartError:
-            return True  # not known to be gone: the failure stands
-        return stats is not None
+        answered, stats = await self._app_stats(rec, peer, 5.0)
+        return not answered or stats is not None  # not known to be gone: the failure stands
 
     async def runs_now(self, rec: AppRecord, peer: str) -> bool:
         """Whether ``peer`` answers and runs the current generation of ``rec``."""
         if peer not in rec.addresses:
             return False
-        body = {"app_id": rec.app_id}
-        try:
-            stats = await self.links.request(rec.address_of(peer), "app_stats", body, timeout=1.5)
-        except AgiledartError:
-            return False
-        return isinstance(stats, dict) and stats.get("generation") == rec.generation
+        answered, stats = await self._app_stats(rec, peer, 1.5)
+        return answered and isinstance(stats, dict) and stats.get("generation") == rec.generation
