@@ -63,6 +63,20 @@ def scheduler(store: Store, name: str = "edge-1", port: int = 1) -> Scheduler:
 ENDED = [AppState.FINISHED, AppState.FAILED, AppState.STOPPED]
 
 
+@pytest.mark.parametrize("old", list(AppState))
+@pytest.mark.parametrize("new", list(AppState))
+def test_a_move_succeeds_exactly_when_the_table_allows_it(old: AppState, new: AppState) -> None:
+    rec = running_record("q-0")
+    rec.state = old
+    if new in TRANSITIONS[old]:
+        rec.move_to(new)
+        assert rec.state is new
+    else:
+        with pytest.raises(IllegalTransition):
+            rec.move_to(new)
+        assert rec.state is old
+
+
 @pytest.mark.parametrize("state", ENDED)
 @pytest.mark.parametrize("to", list(AppState))
 def test_an_ended_app_moves_nowhere(state: AppState, to: AppState) -> None:
