@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from agiledart.errors import AgiledartError
 from agiledart.runtime.appstate import AppRecord
 from agiledart.runtime.epochs import restore_plan
+from agiledart.runtime.failover import app_hosts, consumers_first, replaced
 from agiledart.runtime.links import Address
-from agiledart.runtime.recovery import app_hosts, consumers_first, replaced
 
 if TYPE_CHECKING:
     from agiledart.runtime.scheduler import Scheduler

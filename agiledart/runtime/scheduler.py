@@ -50,11 +50,11 @@ from agiledart.runtime.checkpoints import forget, holders_of
 from agiledart.runtime.code import CodeStore
 from agiledart.runtime.epochs import CHECKPOINT_RATE
 from agiledart.runtime.errors import DeployError, UnknownApp
+from agiledart.runtime.failover import PINNED_GRACE_S, Recovery
 from agiledart.runtime.hostcalls import HostCalls
 from agiledart.runtime.instance import Deployment
 from agiledart.runtime.links import Address, Links
 from agiledart.runtime.records import Records, record_key
-from agiledart.runtime.recovery import PINNED_GRACE_S, Recovery
 from agiledart.runtime.rescaling import Rescaling
 from agiledart.runtime.submission import Submission
 from agiledart.runtime.tasks import TaskOwner
