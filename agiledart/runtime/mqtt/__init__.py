@@ -79,10 +79,12 @@ from agiledart.runtime.mqtt.core import (
 )
 from agiledart.runtime.mqtt.pool import (
     PUBLISH_WINDOW,
+    SESSION_EXPIRY_S,
     BrokerLease,
     BrokerPool,
     BrokerPoolStatistics,
     Subscription,
+    source_log_dir,
 )
 from agiledart.runtime.mqtt.sink import MqttSink
 from agiledart.runtime.mqtt.source import MqttSource, MqttSourceStatistics
@@ -91,6 +93,7 @@ __all__ = [
     "DEFAULT_BROKER",
     "MAX_PAYLOAD",
     "PUBLISH_WINDOW",
+    "SESSION_EXPIRY_S",
     "Backoff",
     "BrokerLease",
     "BrokerOptions",
@@ -105,4 +108,5 @@ __all__ = [
     "encode_payload",
     "parse_broker",
     "plan",
+    "source_log_dir",
 ]

@@ -8,10 +8,12 @@ engine: a subscriber that cannot keep up sheds (and counts it) instead of leavin
 messages queued at the broker, where Mosquitto drops them uncounted past
 ``max_queued_messages``.
 
-A session: connect (TCP_NODELAY, TLS if asked), CONNECT with a clean start, CONNACK,
-then keep the broker's subscriptions equal to the table's (:func:`~.core.plan`), ping
-every ``keepalive_s / 2`` and call the broker dead after ``1.5 * keepalive_s`` without
-a byte. :meth:`Ingest.run` reconnects with back-off, like the publishing connection.
+A session: connect (TCP_NODELAY, TLS if asked), CONNECT (with ``session_expiry_s``,
+resuming the broker's persistent session under a fixed client id: what matched our
+subscriptions while we were away comes first), CONNACK, then keep the broker's
+subscriptions equal to the table's (:func:`~.core.plan`), ping every
+``keepalive_s / 2`` and call the broker dead after ``1.5 * keepalive_s`` without a
+byte. :meth:`Ingest.run` reconnects with back-off, like the publishing connection.
 """
 
 from __future__ import annotations
@@ -119,16 +121,18 @@ class Ingest:
         self,
         options: BrokerOptions,
         *,
-        client_id: Callable[[], str],
+        client_id: str,
         keepalive_s: int,
         timeout_s: float,
         stats: BrokerPoolStatistics,
+        session_expiry_s: int = 0,
     ) -> None:
         self.options = options
         self.tls = options.ssl_context(f"broker {options.address}")
         self.client_id = client_id
         self.keepalive_s = keepalive_s
         self.timeout_s = timeout_s
+        self.session_expiry_s = session_expiry_s
         self.stats = stats  #: the pool's BrokerPoolStatistics (messages_in, unrouted, errors)
         self.table = SubscriptionTable()
         self.granted: dict[str, tuple[int, int]] = {}
@@ -264,11 +268,12 @@ class Ingest:
             self._connack = loop.create_future()
             transport.write(
                 encode_connect(
-                    self.client_id(),
+                    self.client_id,
                     keepalive_s=self.keepalive_s,
                     max_packet=MAX_PACKET,
                     username=o.username,
                     password=o.password,
+                    session_expiry_s=self.session_expiry_s,
                 )
             )
             ack = await self._wait(proto, self._connack)
