@@ -279,6 +279,25 @@ class BrokerLease:
             conn.pool._release(conn)
 
 
+def _remove_unread(root: Path, linger_s: float) -> None:
+    """Remove the logs under ``root`` no source will read: ``once/`` (and what older
+    versions left), and ended sources' logs untouched for ``linger_s``; then the
+    folders that are left empty."""
+    if not root.is_dir():
+        return
+    for entry in root.iterdir():
+        if entry.name != APPS:
+            shutil.rmtree(entry, ignore_errors=True)
+    for directory in root.glob(f"{APPS}/*/*"):
+        with contextlib.suppress(OSError):
+            age = time.time() - directory.stat().st_mtime
+            if not (directory / SUBSCRIPTION_FILE).exists() and age > linger_s:
+                shutil.rmtree(directory, ignore_errors=True)
+    for directory in [*root.glob(f"{APPS}/*"), root / APPS, root]:
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # only if empty
+
+
 def source_log_dir(root: Path, app_id: str | None, source_id: str) -> Path:
     """Where a source keeps its log under a pool's ``log_root``: the same directory for
     every generation of app ``app_id`` (a durable log), or, without an app, a new one
@@ -481,12 +500,7 @@ class BrokerPool:
         root = self.log_root
         if root is None or self._closed:
             return
-        shutil.rmtree(root / ONCE, ignore_errors=True)
-        for directory in root.glob(f"{APPS}/*/*"):
-            with contextlib.suppress(OSError):
-                age = time.time() - directory.stat().st_mtime
-                if not (directory / SUBSCRIPTION_FILE).exists() and age > self.linger_s:
-                    shutil.rmtree(directory, ignore_errors=True)
+        _remove_unread(root, self.linger_s)
         for path in sorted(root.glob(f"{APPS}/*/*/{SUBSCRIPTION_FILE}")):
             if path.parent in self._durable:
                 continue
