@@ -43,6 +43,7 @@ from agiledart.app.topics import filter_problem
 from agiledart.errors import AgiledartError
 from agiledart.runtime.errors import BrokerError
 from agiledart.runtime.mqtt.core import Backoff, BrokerOptions, BrokerPoolStatistics, Deliver
+from agiledart.runtime.mqtt.log import segments
 from agiledart.runtime.mqtt.subscriptions import (
     SUBSCRIPTION_FILE,
     Subscribing,
@@ -518,6 +519,7 @@ class BrokerPool:
                     limit=what["limit"],
                     on_commit=lambda: None,
                     durable=True,
+                    start=(segments(path.parent) or [0])[0],  # its source says where from
                 )
             except (OSError, ValueError, TypeError, KeyError, AgiledartError) as exc:
                 log.warning("cannot take up the MQTT log in %s: %s", path.parent, exc)
