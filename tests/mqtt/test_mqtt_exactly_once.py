@@ -171,11 +171,21 @@ def committed(cluster: LocalCluster, app_id: str, records: int) -> None:
 
 
 def finished(cluster: LocalCluster, app_id: str, timeout: float = 120) -> dict[str, Any]:
+    last: list[dict[str, Any]] = []
+
     def done() -> dict[str, Any] | None:
-        s = status(cluster, app_id)
+        last[:] = [status(cluster, app_id)]
+        s = last[0]
         return s if s["state"] in ("finished", "failed", "stopped") else None
 
-    return dict(poll(done, what=f"{app_id} to end", timeout=timeout))
+    try:
+        return dict(poll(done, what=f"{app_id} to end", timeout=timeout))
+    except AssertionError:  # say where it stands: the sources' counts, the recoveries
+        s = last[0] if last else {}
+        sources = {p: v.get("sources") for p, v in s.get("peers", {}).items()}
+        keys = ("state", "recoveries", "totals", "error")
+        where = ({k: s.get(k) for k in keys}, sources)
+        raise AssertionError(f"{app_id} did not end: {where}") from None
 
 
 def check_exact(spec_raw: dict[str, Any], s: dict[str, Any], count: int) -> None:
@@ -193,8 +203,10 @@ def test_a_peer_fails_mid_run_and_every_reading_counts_once(
     site: LocalCluster, mosquitto: Any, fault: str, peer: int
 ) -> None:
     """(b) the count's peer dies, the source's survives; and the source's own peer
-    restarts on its state directory. Readings keep coming meanwhile."""
-    broker = mosquitto()
+    restarts on its state directory. Readings keep coming meanwhile. The broker keeps
+    what a client that is away may miss (``max_queued_messages 0``: Mosquitto's default
+    queue of 1000 would drop the rest of a restart's readings, and say so in its log)."""
+    broker = mosquitto(persistence=True)
     count = 5000
     spec_raw = counting(broker, f"mqtt-{fault}", count)
     app_id = submit(site, spec_raw)

@@ -470,9 +470,12 @@ class BrokerPool:
         owner.add(sub)
         return sub
 
-    def detach(self, sub: Subscription) -> None:
+    def detach(self, sub: Subscription, attachment: int) -> None:
         """Its source stopped without ending: a durable subscription goes on logging
-        (for ``linger_s``, or until a source attaches); another one is closed."""
+        (for ``linger_s``, or until a source attaches); another one is closed. Nothing
+        happens when a newer source attached since (``attachment`` is not its last)."""
+        if sub.attachments != attachment:
+            return
         if self._durable.get(sub.reader.directory) is sub and sub._owner is not None:
             sub.detach(self.clock())
         else:

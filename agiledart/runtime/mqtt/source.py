@@ -230,6 +230,7 @@ class MqttSource:
             durable=self._durable,
             start=self._start,
         )
+        attachment = sub.attachments
         sub.on_connection = self._on_connection
         if sub._owner is not None:  # the broker's connection as it is now
             self._on_connection(sub._owner.connection())
@@ -259,9 +260,9 @@ class MqttSource:
             self._update(ending=True)
             if not self._durable:
                 sub.close()
-            elif self._ended:
+            elif self._ended and sub.attachments == attachment:
                 sub.close(remove=False)  # a restore may read it again
-            else:
-                self._brokers.detach(sub)  # the next generation's source reads on
+            else:  # the next generation's source reads on (unless it does already)
+                self._brokers.detach(sub, attachment)
             st.subscribed = False
         st.finished = True

@@ -72,6 +72,7 @@ class Subscription:
         self.reader = LogReader(log_dir, start=start)
         #: when it was detached (monotonic seconds), None while a source reads it
         self.detached_at: float | None = None
+        self.attachments = 1  #: sources that have read it (the latest is its reader)
         self.max_bytes = max_bytes
         self.limit = limit
         self.on_commit = on_commit
@@ -115,6 +116,7 @@ class Subscription:
         on_active: Callable[[bool], None] | None,
     ) -> None:
         """A new source reads the log on from ``start`` (its checkpoint's position)."""
+        self.attachments += 1
         self.detached_at = None
         self.on_commit, self.on_active = on_commit, on_active
         self.on_connection = None
