@@ -348,3 +348,25 @@ async def test_a_durable_log_is_read_on_from_a_checkpoint_across_generations_and
             await run
         st = pool.statistics()
         assert (st.connections, st.subscriptions) == (1, 1)
+
+
+async def test_a_resumed_session_keeps_its_subscriptions_and_drops_the_ended_ones(
+    mosquitto: Callable[..., Broker],
+) -> None:
+    """A peer's pool (a persistent session) and a broker that restarts with persistence:
+    the session comes back with its subscriptions, so the wanted one is not asked for
+    again, and the one whose source ended while the broker was away is unsubscribed
+    (it would go on sending what matches it, unrouted, for the session's life)."""
+    broker = mosquitto(persistence=True)
+    async with pools(1, backoff=FAST, session_expiry_s=60) as (pool,):
+        kept = pool.subscribe(options(broker), "kept/#", lambda t, p: None, qos=1)
+        ended = pool.subscribe(options(broker), "ended/#", lambda t, p: None, qos=1)
+        await until(lambda: kept.active and ended.active, "subscribed")
+        await asyncio.to_thread(broker.stop)
+        await until(lambda: not kept.active, "the pool notices the broker is gone")
+        ended.close()  # its source ended meanwhile
+        await asyncio.to_thread(broker.start)
+        await until(lambda: kept.active, "the session resumed")
+        await until(lambda: broker.unsubscribes("ended/#") == 1, "the ended one unsubscribed")
+        assert broker.subscribes("kept/#") == 1  # the broker kept it: not asked again
+        assert pool.statistics().subscriptions == 1

@@ -136,6 +136,8 @@ class Ingest:
         self.stats = stats  #: the pool's BrokerPoolStatistics (messages_in, unrouted, errors)
         self.table = SubscriptionTable()
         self.granted: dict[str, tuple[int, int]] = {}
+        #: what the broker held when the last session ended: a resumed session has it
+        self._held: dict[str, tuple[int, int]] = {}
         self.refused: dict[str, str] = {}
         self.changed = asyncio.Event()
         #: subscriber key -> (its filter, what to tell when the broker has it or not)
@@ -287,7 +289,10 @@ class Ingest:
             self.sessions_connected += 1
             self.stats.connects += 1
             log.info("connected to MQTT broker %s (to subscribe)", o.address)
-            self.granted, self.refused = {}, {}
+            # a resumed session still has its subscriptions: those no longer wanted
+            # (their sources ended while we were away) are unsubscribed, not kept
+            self.granted = self._held if ack.session_present else {}
+            self.refused = {}
             self.changed.set()
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._reconcile(proto))
@@ -299,6 +304,8 @@ class Ingest:
                 raise
             raise first from None
         finally:
+            if self._proto is not None:  # the session was up: the broker holds these
+                self._held = self.granted
             self._proto = None
             self.granted = {}
             for reply in self._replies.values():
