@@ -45,7 +45,6 @@ import io
 import json
 import math
 import os
-import secrets
 import sys
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping
@@ -147,17 +146,23 @@ def open_source(
     brokers: BrokerPool | None = None,
     skip: int = 0,
     policy: DataPolicy | None = None,
+    app_id: str | None = None,
+    checkpointed: bool = False,
 ) -> SourceConnector:
     """The source ``spec`` describes; an mqtt source subscribes through ``brokers``
-    and keeps its log under ``base_dir/mqtt/``; an http source listens on its port. A
-    replayable one (generator, file) starts after its first ``skip`` records. With
-    ``policy`` (a peer's), a spec reaching past it is refused."""
+    and keeps its log under their ``log_root`` or ``base_dir/mqtt/`` (a checkpointed
+    app's: the same log for every generation of app ``app_id``, read on from position
+    ``skip``); an http source listens on its port. A replayable one (generator, file)
+    starts after its first ``skip`` records. With ``policy`` (a peer's), a spec
+    reaching past it is refused."""
     if spec.connector == "mqtt" and brokers is not None:
-        from agiledart.runtime.mqtt import MqttSource  # mqtt imports this module
+        from agiledart.runtime.mqtt import MqttSource, source_log_dir  # mqtt imports us
 
         _check_env(spec.params, f"source {spec.id!r}", policy)
-        log_dir = Path(base_dir) / "mqtt" / f"{spec.id}-{secrets.token_hex(6)}"
-        return MqttSource(spec, brokers=brokers, log_dir=log_dir)
+        durable = checkpointed and app_id is not None
+        root = brokers.log_root or Path(base_dir) / "mqtt"
+        log_dir = source_log_dir(root, app_id if durable else None, spec.id)
+        return MqttSource(spec, brokers=brokers, log_dir=log_dir, durable=durable, start=skip)
     if spec.connector == "http":
         from agiledart.runtime.http import HttpSource  # http imports this module
 

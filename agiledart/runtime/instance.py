@@ -72,7 +72,7 @@ from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.execution.engines import Engine, InlineEngine, Unit
 from agiledart.runtime.links import Address, Links
 from agiledart.runtime.metrics import InstanceMeter, LatencyHistogram, quantile
-from agiledart.runtime.mqtt import BrokerPool, MqttSink
+from agiledart.runtime.mqtt import BrokerPool, MqttSink, MqttSource
 from agiledart.runtime.replicas import (
     PARTITIONABLE_STATE,
     combine,
@@ -555,6 +555,8 @@ class AppInstance:
                 brokers=brokers,
                 skip=int(self.restore.get("sources", {}).get(s.id, 0)),
                 policy=data,
+                app_id=self.app_id,
+                checkpointed=spec.checkpointed,
             )
             for s in spec.sources
             if s.id in here
@@ -825,7 +827,11 @@ class AppInstance:
                 finished = source.stats.finished
                 if not finished:
                     await self._deliver_barrier(sid, epoch)
-                offset = source.stats.emitted
+                offset = (
+                    source.checkpoint(epoch)
+                    if isinstance(source, MqttSource)
+                    else source.stats.emitted
+                )
             report = {"kind": "source", "id": sid, "offset": offset, "finished": finished}
             await self._report(epoch, report)
 
@@ -1368,6 +1374,9 @@ class AppInstance:
         for state in self.sinks.values():
             if isinstance(state.sink, SpooledSink):
                 state.sink.committed_epoch(epoch)
+        for source in self.sources.values():
+            if isinstance(source, MqttSource):  # its log keeps what came after
+                source.committed(epoch)
 
     async def _drained(self, sink_id: str, sink: MqttSink | SpooledSink) -> None:
         await sink.drain()  # what it cannot publish in time it drops, and counts

@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import logging
 import re
-import shutil
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,7 +49,7 @@ from agiledart.runtime.execution.engines import make_engine
 from agiledart.runtime.instance import AppInstance, Deployment, InstanceOptions, ReplyChannel
 from agiledart.runtime.links import Address, Links
 from agiledart.runtime.metrics import Buckets
-from agiledart.runtime.mqtt import BrokerPool
+from agiledart.runtime.mqtt import SESSION_EXPIRY_S, BrokerPool
 from agiledart.runtime.records import Records, record_key
 from agiledart.runtime.scheduler import APPS_DAYS, APPS_LIMIT, Scheduler
 from agiledart.traces import NullTraceWriter
@@ -104,7 +103,12 @@ class AppRuntime:
         self.engine = make_engine(execution or EngineConfig(workers=0), state_dir / "code")
         self.instances: dict[str, AppInstance] = {}
         #: the peer's MQTT connections, one per broker, shared by all its apps
-        self.brokers = BrokerPool(client_id=f"agiledart-{name}", trace=self.trace)
+        self.brokers = BrokerPool(
+            client_id=f"agiledart-{name}",
+            trace=self.trace,
+            session_expiry_s=SESSION_EXPIRY_S,
+            log_root=state_dir / "mqtt",
+        )
         self.scheduler = Scheduler(
             name=name,
             address=lambda: self.overlay.address,
@@ -205,9 +209,6 @@ class AppRuntime:
 
     def start(self, group: asyncio.TaskGroup, joined: asyncio.Event) -> None:
         self._group = group
-        # mqtt sources' logs of instances that died with this peer's last process: no
-        # instance reads them again (a restarted app's sources start new logs)
-        shutil.rmtree(self.data.root / "mqtt", ignore_errors=True)
         self.records.load()  # the peer holds its state directory by now
         self.scheduler.start()
         self._publisher = group.create_task(self._publish_loop(joined))

@@ -5,10 +5,12 @@ after the broker restarts, buffering and counted drops while it is away."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +19,14 @@ from support.mqtt import Broker, Subscriber
 from agiledart.app.errors import ExecutionError
 from agiledart.app.spec import SinkSpec, SourceSpec
 from agiledart.operators import Record
-from agiledart.runtime.mqtt import Backoff, BrokerOptions, BrokerPool, MqttSink, MqttSource
+from agiledart.runtime.mqtt import (
+    Backoff,
+    BrokerOptions,
+    BrokerPool,
+    MqttSink,
+    MqttSource,
+    source_log_dir,
+)
 from agiledart.traces.schema import check
 
 FAST = Backoff(initial_s=0.05, cap_s=0.5)
@@ -281,3 +290,83 @@ async def test_a_source_sheds_the_oldest_while_downstream_blocks(broker: Broker)
             2,
             5,
         )
+
+
+async def test_a_durable_log_is_read_on_from_a_checkpoint_across_generations_and_pools(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """A checkpointed app's source: the log keeps logging while no source reads it
+    (the app between generations), a new source reads on from the checkpoint's position,
+    and a pool started again on the same directory (the peer restarted) takes the log
+    and its broker session up: what came while no pool ran arrives too."""
+    root = tmp_path / "mqtt"
+    log_dir = source_log_dir(root, "app", "s")
+    spec = source_spec(broker, topic="gen/+", qos=1)
+    got: list[int] = []
+
+    async def emit(records: list[Record]) -> None:
+        got.extend(r["n"] for r in records)
+
+    def msgs(first: int, end: int) -> list[tuple[str, bytes]]:
+        return [("gen/a", b'{"n": %d, "ts": %d}' % (i, i)) for i in range(first, end)]
+
+    kept = {"session_expiry_s": 60, "log_root": root}
+    async with pools(1, **kept) as (pool,), pools(1) as (publisher,):
+        first = MqttSource(spec, brokers=pool, log_dir=log_dir, durable=True)
+        run = asyncio.create_task(first.run(emit))
+        await until(lambda: first.stats.subscribed, "subscribed")
+        await publish(publisher, broker, *msgs(0, 10))
+        await until(lambda: len(got) == 10, "the first ten")
+        assert first.checkpoint(1) == 10
+        await publish(publisher, broker, *msgs(10, 14))
+        await until(lambda: len(got) == 14, "four more, after the checkpoint")
+        first.committed(1)
+        run.cancel()  # the app is undeployed, to be restored from epoch 1
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        await publish(publisher, broker, *msgs(14, 20))  # between two generations
+        got.clear()
+        second = MqttSource(spec, brokers=pool, log_dir=log_dir, durable=True, start=10)
+        run = asyncio.create_task(second.run(emit))
+        await until(lambda: len(got) == 10, "the replay")
+        assert got == list(range(10, 20))  # after the checkpoint, each once
+        assert second.checkpoint(2) == 20
+        second.committed(2)
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+    async with pools(1) as (publisher,):  # no peer pool now: the broker keeps them
+        await publish(publisher, broker, *msgs(20, 25))
+    got.clear()
+    async with pools(1, **kept) as (pool,):
+        third = MqttSource(spec, brokers=pool, log_dir=log_dir, durable=True, start=20)
+        run = asyncio.create_task(third.run(emit))
+        await until(lambda: len(got) == 5, "what came while no pool ran")
+        assert got == list(range(20, 25))
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        st = pool.statistics()
+        assert (st.connections, st.subscriptions) == (1, 1)
+
+
+async def test_a_resumed_session_keeps_its_subscriptions_and_drops_the_ended_ones(
+    mosquitto: Callable[..., Broker],
+) -> None:
+    """A peer's pool (a persistent session) and a broker that restarts with persistence:
+    the session comes back with its subscriptions, so the wanted one is not asked for
+    again, and the one whose source ended while the broker was away is unsubscribed
+    (it would go on sending what matches it, unrouted, for the session's life)."""
+    broker = mosquitto(persistence=True)
+    async with pools(1, backoff=FAST, session_expiry_s=60) as (pool,):
+        kept = pool.subscribe(options(broker), "kept/#", lambda t, p: None, qos=1)
+        ended = pool.subscribe(options(broker), "ended/#", lambda t, p: None, qos=1)
+        await until(lambda: kept.active and ended.active, "subscribed")
+        await asyncio.to_thread(broker.stop)
+        await until(lambda: not kept.active, "the pool notices the broker is gone")
+        ended.close()  # its source ended meanwhile
+        await asyncio.to_thread(broker.start)
+        await until(lambda: kept.active, "the session resumed")
+        await until(lambda: broker.unsubscribes("ended/#") == 1, "the ended one unsubscribed")
+        assert broker.subscribes("kept/#") == 1  # the broker kept it: not asked again
+        assert pool.statistics().subscriptions == 1

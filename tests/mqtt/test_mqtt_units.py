@@ -317,3 +317,14 @@ def test_bad_mqtt_params_name_the_field(
         parse_spec(app(source, sink))
     assert path in info.value.paths
     assert message in str(info.value)
+
+
+def test_a_filter_has_the_same_subscription_id_in_every_session() -> None:
+    filters = ["a/#", "a/b", "plant/+/temp", "x"]
+    first, second = SubscriptionTable(), SubscriptionTable()
+    for f in filters:
+        first.add(f, 1, lambda t, p: None)
+    for f in reversed(filters):  # a restarted peer takes its sources up in another order
+        second.add(f, 1, lambda t, p: None)
+    assert first.wanted() == second.wanted()
+    assert len({sid for _, sid in first.wanted().values()}) == len(filters)

@@ -127,3 +127,50 @@ def test_a_full_log_sheds_and_counts(tmp_path: Path) -> None:
     assert small.append("t", b"x")
     assert not small.append("t", b"y" * 20)  # over max_bytes
     assert small.shed == 1
+
+
+def test_connect_resumes_a_session_only_when_it_is_kept(tmp_path: Path) -> None:
+    clean = encode_connect("c", keepalive_s=30, max_packet=1 << 20)
+    kept = encode_connect("c", keepalive_s=30, max_packet=1 << 20, session_expiry_s=3600)
+    flags = 9  # fixed header (2 bytes), protocol name (6), level (1)
+    assert clean[flags] & 0x02  # clean start
+    assert not kept[flags] & 0x02  # resume the broker's session
+    assert b"\x11" + struct.pack("!I", 3600) in kept  # Session Expiry Interval
+    assert b"\x11\x00\x00" not in clean
+
+
+def test_a_reopened_log_goes_on_after_its_last_whole_frame(tmp_path: Path) -> None:
+    writer = LogWriter(tmp_path, max_bytes=1 << 20, segment_bytes=60)
+    for i in range(10):
+        assert writer.append("t", b"%d" % i)
+        writer.commit()
+    writer.close()
+    last = max(tmp_path.glob("*.log"), key=lambda p: int(p.stem))
+    with last.open("ab") as f:  # a commit torn by the process dying
+        f.write(struct.pack("!IH", 50, 1) + b"t" + b"x" * 7)
+    again = LogWriter(tmp_path, max_bytes=1 << 20, segment_bytes=60)
+    assert again.committed == 10
+    for i in range(10, 13):
+        assert again.append("t", b"%d" % i)
+    again.commit()
+    reader = LogReader(tmp_path, start=4)  # a checkpoint's position
+    reader.committed = again.committed
+    assert reader.read(100) == [("t", b"%d" % i) for i in range(4, 13)]
+
+
+def test_the_log_keeps_every_segment_from_the_position_released_on(tmp_path: Path) -> None:
+    writer = LogWriter(tmp_path, max_bytes=1 << 20, segment_bytes=40)
+    reader = LogReader(tmp_path)
+    for i in range(30):
+        writer.append("t", b"%02d" % i)
+        writer.commit()  # one commit each: they roll segments of 40 bytes
+    reader.committed = writer.committed
+    assert len(reader.read(100)) == 30  # all read: that alone removes nothing
+    reader.release(12)  # an epoch committed at position 12
+    writer.reader_at(reader.position, reader.released)
+    assert 0 < reader.released <= 12
+    assert min(int(p.stem) for p in tmp_path.glob("*.log")) == reader.released
+    replay = LogReader(tmp_path, start=12)
+    replay.committed = writer.committed
+    assert replay.read(100) == [("t", b"%02d" % i) for i in range(12, 30)]
+    assert writer.disk_bytes == sum(p.stat().st_size for p in tmp_path.glob("*.log"))

@@ -34,8 +34,18 @@ pass (:mod:`.wire`), appends every message to its sources' logs and writes them 
 group commit, then acknowledges that read's QoS 1 messages in one write. The engine's
 backpressure is the log's bound on disk, never the broker's queue: past ``buffer``
 messages or ``buffer_mb`` a source sheds and counts it (``shed`` in ``status``, the
-``shed`` outcome of the ``source_tuples`` metric, an ``ingest`` trace record). The log
-position is what a checkpoint would record for exactly-once replay (later).
+``shed`` outcome of the ``source_tuples`` metric, an ``ingest`` trace record).
+
+**Exactly-once through failures** (a checkpointed app's source, while its peer lives
+or restarts on its state directory). The log is named by app and source, the same for
+every generation of the app; a checkpoint records the source's log position, the log
+keeps everything from the last committed epoch's position on, and a restored source
+reads on from its checkpoint's position. Between generations the subscription stays
+(detached) and the ingest process goes on logging; a restarted peer takes its logs and
+their subscriptions up at once; and the ingest connection resumes a persistent broker
+session (a fixed client id per peer and broker, clean start off, a session expiry
+interval), so what the broker takes while the peer is away reaches the log when it is
+back. Each filter has the same subscription identifier in every session.
 
 **Reconnect.** The ingest process and the publishing connection each connect,
 (re)subscribe every wanted filter and serve; when the broker goes away they wait an
@@ -79,10 +89,12 @@ from agiledart.runtime.mqtt.core import (
 )
 from agiledart.runtime.mqtt.pool import (
     PUBLISH_WINDOW,
+    SESSION_EXPIRY_S,
     BrokerLease,
     BrokerPool,
     BrokerPoolStatistics,
     Subscription,
+    source_log_dir,
 )
 from agiledart.runtime.mqtt.sink import MqttSink
 from agiledart.runtime.mqtt.source import MqttSource, MqttSourceStatistics
@@ -91,6 +103,7 @@ __all__ = [
     "DEFAULT_BROKER",
     "MAX_PAYLOAD",
     "PUBLISH_WINDOW",
+    "SESSION_EXPIRY_S",
     "Backoff",
     "BrokerLease",
     "BrokerOptions",
@@ -105,4 +118,5 @@ __all__ = [
     "encode_payload",
     "parse_broker",
     "plan",
+    "source_log_dir",
 ]

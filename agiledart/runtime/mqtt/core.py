@@ -5,6 +5,7 @@ it. No I/O here (:mod:`.pool` drives the table over a real connection).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -225,6 +226,16 @@ class PayloadDecoder:
 
 # -- subscriptions, without I/O -----------------------------------------------------------
 
+#: The largest MQTT 5 subscription identifier (a variable byte integer, 3.8.2.1.2).
+MAX_SUBSCRIPTION_ID = 268_435_455
+
+
+def filter_id(topic_filter: str) -> int:
+    """The subscription identifier a filter asks for: the same in every session, so the
+    messages a resumed session kept for an earlier process are routed by it too."""
+    digest = hashlib.sha256(topic_filter.encode("utf-8")).digest()
+    return int.from_bytes(digest[:4], "big") % MAX_SUBSCRIPTION_ID + 1
+
 
 @dataclass(slots=True)
 class _Filter:
@@ -247,7 +258,6 @@ class SubscriptionTable:
     def __init__(self) -> None:
         self._filters: dict[str, _Filter] = {}
         self._by_id: dict[int, _Filter] = {}
-        self._next_id = 1
         self._next_key = 1
         self.version = 0  #: changes whenever a subscriber comes or goes
 
@@ -266,9 +276,11 @@ class SubscriptionTable:
             raise ExecutionError(msg)
         f = self._filters.get(topic_filter)
         if f is None:
-            f = self._filters[topic_filter] = _Filter(topic_filter, self._next_id)
+            sub_id = filter_id(topic_filter)
+            while sub_id in self._by_id:  # a collision (rare): the next free one
+                sub_id = sub_id % MAX_SUBSCRIPTION_ID + 1
+            f = self._filters[topic_filter] = _Filter(topic_filter, sub_id)
             self._by_id[f.sub_id] = f
-            self._next_id += 1
         key = self._next_key
         self._next_key += 1
         f.subscribers[key] = (qos, deliver)

@@ -8,10 +8,12 @@ engine: a subscriber that cannot keep up sheds (and counts it) instead of leavin
 messages queued at the broker, where Mosquitto drops them uncounted past
 ``max_queued_messages``.
 
-A session: connect (TCP_NODELAY, TLS if asked), CONNECT with a clean start, CONNACK,
-then keep the broker's subscriptions equal to the table's (:func:`~.core.plan`), ping
-every ``keepalive_s / 2`` and call the broker dead after ``1.5 * keepalive_s`` without
-a byte. :meth:`Ingest.run` reconnects with back-off, like the publishing connection.
+A session: connect (TCP_NODELAY, TLS if asked), CONNECT (with ``session_expiry_s``,
+resuming the broker's persistent session under a fixed client id: what matched our
+subscriptions while we were away comes first), CONNACK, then keep the broker's
+subscriptions equal to the table's (:func:`~.core.plan`), ping every
+``keepalive_s / 2`` and call the broker dead after ``1.5 * keepalive_s`` without a
+byte. :meth:`Ingest.run` reconnects with back-off, like the publishing connection.
 """
 
 from __future__ import annotations
@@ -119,19 +121,23 @@ class Ingest:
         self,
         options: BrokerOptions,
         *,
-        client_id: Callable[[], str],
+        client_id: str,
         keepalive_s: int,
         timeout_s: float,
         stats: BrokerPoolStatistics,
+        session_expiry_s: int = 0,
     ) -> None:
         self.options = options
         self.tls = options.ssl_context(f"broker {options.address}")
         self.client_id = client_id
         self.keepalive_s = keepalive_s
         self.timeout_s = timeout_s
+        self.session_expiry_s = session_expiry_s
         self.stats = stats  #: the pool's BrokerPoolStatistics (messages_in, unrouted, errors)
         self.table = SubscriptionTable()
         self.granted: dict[str, tuple[int, int]] = {}
+        #: what the broker held when the last session ended: a resumed session has it
+        self._held: dict[str, tuple[int, int]] = {}
         self.refused: dict[str, str] = {}
         self.changed = asyncio.Event()
         #: subscriber key -> (its filter, what to tell when the broker has it or not)
@@ -264,11 +270,12 @@ class Ingest:
             self._connack = loop.create_future()
             transport.write(
                 encode_connect(
-                    self.client_id(),
+                    self.client_id,
                     keepalive_s=self.keepalive_s,
                     max_packet=MAX_PACKET,
                     username=o.username,
                     password=o.password,
+                    session_expiry_s=self.session_expiry_s,
                 )
             )
             ack = await self._wait(proto, self._connack)
@@ -282,7 +289,10 @@ class Ingest:
             self.sessions_connected += 1
             self.stats.connects += 1
             log.info("connected to MQTT broker %s (to subscribe)", o.address)
-            self.granted, self.refused = {}, {}
+            # a resumed session still has its subscriptions: those no longer wanted
+            # (their sources ended while we were away) are unsubscribed, not kept
+            self.granted = self._held if ack.session_present else {}
+            self.refused = {}
             self.changed.set()
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._reconcile(proto))
@@ -294,6 +304,8 @@ class Ingest:
                 raise
             raise first from None
         finally:
+            if self._proto is not None:  # the session was up: the broker holds these
+                self._held = self.granted
             self._proto = None
             self.granted = {}
             for reply in self._replies.values():

@@ -11,10 +11,15 @@ What does not fit is shed and counted.
 
 A message has a position (0, 1, 2, ... in arrival order). On disk: segment files
 ``<first position>.log`` of frames ``[u32 payload length][u16 topic length][topic]
-[payload]``; the writer begins a new one past ``segment_bytes``. The reader removes a
-segment once it has read past it (:meth:`LogReader.release`); a checkpoint can record
-a position and release only what an epoch committed, so the log can replay what came
-after it. Commits are not fsynced (they survive the peer's processes dying, not the
+[payload]``; the writer begins a new one past ``segment_bytes``.
+
+A log outlives the processes that write and read it: a writer opened on a directory
+that holds segments continues after their last whole frame (a torn tail is cut off),
+and a reader opened at a position seeks to it. So the position a checkpoint records
+can be replayed from, whoever restarts. Segments are removed only below a position
+the caller says is done with (:meth:`LogReader.release`): the last read one, or, for
+a checkpointed source, the position of the last committed epoch.
+Commits are not fsynced (they survive the peer's processes dying, not the
 machine's power); ``fsync=True`` makes each one durable against both.
 """
 
@@ -28,7 +33,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LogReader", "LogWriter"]
+__all__ = ["LogReader", "LogWriter", "scan", "segments"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +46,40 @@ READ_CHUNK = 1 << 20
 
 def _segment(directory: Path, first: int) -> Path:
     return directory / f"{first}.log"
+
+
+def segments(directory: Path) -> list[int]:
+    """The first positions of the segments in ``directory``, in order."""
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.stem) for p in directory.glob("*.log") if p.stem.isdigit())
+
+
+def scan(path: Path, limit: int | None = None) -> tuple[int, int]:
+    """``(frames, bytes)``: how many whole frames a segment begins with (at most
+    ``limit``), and the bytes they take."""
+    frames = offset = 0
+    with path.open("rb") as f:
+        data = b""
+        while limit is None or frames < limit:
+            if len(data) < _HEAD.size:
+                more = f.read(READ_CHUNK)
+                if not more:
+                    break
+                data += more
+                continue
+            plen, tlen = _HEAD.unpack_from(data)
+            size = _HEAD.size + tlen + plen
+            if len(data) < size:
+                more = f.read(max(READ_CHUNK, size - len(data)))
+                if not more:
+                    break
+                data += more
+                continue
+            data = data[size:]
+            offset += size
+            frames += 1
+    return frames, offset
 
 
 @dataclass(slots=True)
@@ -75,6 +114,24 @@ class LogWriter:
         self._fd: int | None = None
         self._pending: list[bytes] = []
         self._pending_bytes = 0
+        self._recover()
+
+    def _recover(self) -> None:
+        """Continue a log already in the directory, after its last whole frame."""
+        firsts = segments(self.directory)
+        for first in firsts[:-1]:
+            size = _segment(self.directory, first).stat().st_size
+            self._segments.append(_Segment(first, size))
+        if not firsts:
+            return
+        last = firsts[-1]
+        path = _segment(self.directory, last)
+        frames, size = scan(path)
+        if size < path.stat().st_size:  # a commit torn by the process dying: never acked
+            os.truncate(path, size)
+        self._segments.append(_Segment(last, size))
+        self.committed = last + frames
+        self.read = firsts[0]  # until the reader says how far it is
 
     @property
     def disk_bytes(self) -> int:
@@ -121,6 +178,10 @@ class LogWriter:
         return len(frames)
 
     def _writable(self) -> tuple[_Segment, int]:
+        if self._fd is None and self._segments and self._segments[-1].size < self.segment_bytes:
+            seg = self._segments[-1]  # a recovered log: append to its last segment
+            self._fd = os.open(_segment(self.directory, seg.first), os.O_WRONLY | os.O_APPEND)
+            return seg, self._fd
         if self._fd is None or self._segments[-1].size >= self.segment_bytes:
             if self._fd is not None:
                 os.close(self._fd)
@@ -131,10 +192,12 @@ class LogWriter:
             self._segments.append(seg)
         return self._segments[-1], self._fd
 
-    def reader_at(self, position: int) -> None:
-        """The reader has read (and released) up to ``position``."""
+    def reader_at(self, position: int, released: int | None = None) -> None:
+        """The reader has read up to ``position``, and removed the segments wholly
+        before ``released`` (default: ``position``)."""
         self.read = max(self.read, position)
-        while len(self._segments) > 1 and self._segments[1].first <= position:
+        released = position if released is None else int(released)
+        while len(self._segments) > 1 and self._segments[1].first <= released:
             del self._segments[0]
 
     def close(self) -> None:
@@ -155,18 +218,41 @@ class LogReader:
         self._offset = 0  #: byte offset in it
         self._fd: int | None = None
         self._released = start  #: the first position not removed (in a segment kept)
+        self._asked: int | None = None  #: the position :meth:`release` was last given
+        self.seek(start)
+
+    def seek(self, position: int) -> None:
+        """Read on from ``position`` (a checkpoint's) in the segments on disk; what is
+        missing from the log before it is lost, logged and counted in ``skipped``."""
+        self._close_fd()
+        self.skipped = 0  # what was skipped before ``position`` is counted in it
+        firsts = segments(self.directory)
+        before = [f for f in firsts if f <= position]
+        self.position = self.committed = self._released = self._first = position
+        self._offset = 0
+        if not before:
+            if firsts:  # the log begins after the position: what came between is gone
+                log.error("log %s: positions %d-%d are gone", self.directory, position, firsts[0])
+                self.skipped += firsts[0] - position
+                self.position = self.committed = self._released = self._first = firsts[0]
+            return
+        first = before[-1]
+        frames, offset = scan(_segment(self.directory, first), position - first)
+        self._first = self._released = first
+        self._offset = offset
+        self.position = self.committed = first + frames
+        if self.position < position:
+            log.error("log %s: it ends at %d, before %d", self.directory, self.position, position)
+
+    @property
+    def released(self) -> int:
+        """The first position of the oldest segment kept."""
+        return self._released
 
     @property
     def backlog(self) -> int:
         """Committed messages not read yet."""
         return self.committed - self.position
-
-    def restart(self, start: int) -> None:
-        """The writer starts again at ``start`` (a new ingest process): forget the rest
-        of the segment being read, and continue from ``<start>.log``."""
-        self._close_fd()
-        self.position = self.committed = self._first = start
-        self._offset = 0
 
     def read(self, limit: int) -> list[tuple[str, bytes]]:
         """Up to ``limit`` committed messages from :attr:`position` on."""
@@ -222,18 +308,26 @@ class LogReader:
         self.skipped += done
         return done
 
-    def release(self) -> None:
-        """Remove the segments read past (everything before :attr:`position`)."""
-        if self._released == self._first:
+    def release(self, position: int | None = None) -> None:
+        """Remove the segments wholly before ``position`` (default: :attr:`position`,
+        all read past); the one holding it stays, and so does everything after."""
+        if position is not None and position == self._asked:
+            return  # asked again (every batch, between two commits)
+        self._asked = position
+        if position is None or position >= self._first:
+            keep = self._first  # the segment being read holds the position, or one before
+        else:
+            before = [f for f in segments(self.directory) if f <= position]
+            keep = before[-1] if before else self._released
+        if keep <= self._released:
             return
-        self._released = self._first
-        for path in self.directory.glob("*.log"):
-            stem = path.stem
-            if stem.isdigit() and int(stem) < self._first:
-                path.unlink(missing_ok=True)
+        self._released = keep
+        for first in segments(self.directory):
+            if first < keep:
+                _segment(self.directory, first).unlink(missing_ok=True)
 
     def close(self, *, remove: bool = True) -> None:
-        """Close its file (and remove the log: it does not outlive its source yet)."""
+        """Close its file (and, with ``remove``, the log: its source has ended)."""
         self._close_fd()
         if remove:
             shutil.rmtree(self.directory, ignore_errors=True)

@@ -7,6 +7,16 @@ goes over ``aiomqtt``, and this is the only module that imports it (and ``paho``
 their errors end a connection's session here, which logs them and reconnects;
 publishing reports which messages the broker took instead of raising. Nothing escapes
 into the task group that owns the pool.
+
+**Sessions that outlive the peer's processes.** With ``session_expiry_s`` (a peer's
+pool sets it) the ingest process connects under a client id fixed by the pool's and
+the broker's identity and resumes its session at the broker (clean start 0): what
+matches our subscriptions while we are away (the peer restarting, the broker
+restarting with persistence) is queued there and arrives when we are back. Durable
+subscriptions (a checkpointed app's sources) are written down in their log directory
+(``subscription.json``) under ``log_root``; a pool started on the same directory
+takes them up again at once (detached, logging, until their app's source attaches),
+and a detached one nobody attaches within ``linger_s`` is closed and its log removed.
 """
 
 from __future__ import annotations
@@ -14,8 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
+import json
 import logging
 import random
+import secrets
+import shutil
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -26,9 +40,16 @@ import aiomqtt
 
 from agiledart.app.errors import ExecutionError
 from agiledart.app.topics import filter_problem
+from agiledart.errors import AgiledartError
 from agiledart.runtime.errors import BrokerError
 from agiledart.runtime.mqtt.core import Backoff, BrokerOptions, BrokerPoolStatistics, Deliver
-from agiledart.runtime.mqtt.subscriptions import Subscribing, Subscription, delivering
+from agiledart.runtime.mqtt.log import segments
+from agiledart.runtime.mqtt.subscriptions import (
+    SUBSCRIPTION_FILE,
+    Subscribing,
+    Subscription,
+    delivering,
+)
 
 log = logging.getLogger(__name__)
 _client_log = logging.getLogger(f"{__name__}.client")
@@ -36,10 +57,12 @@ _client_log = logging.getLogger(f"{__name__}.client")
 __all__ = [
     "INBOX",
     "PUBLISH_WINDOW",
+    "SESSION_EXPIRY_S",
     "BrokerLease",
     "BrokerPool",
     "BrokerPoolStatistics",
     "Subscription",
+    "source_log_dir",
 ]
 
 #: The bound of a :meth:`BrokerPool.subscribe` subscriber's private log.
@@ -49,6 +72,14 @@ PUBLISH_WINDOW = 64
 #: Incoming messages waiting on a publishing connection, at most (it subscribes to
 #: nothing, so none should come).
 INBOX = 1000
+#: A peer's MQTT session expiry interval (seconds): how long a broker keeps the
+#: subscriptions of a peer that is away, and what matches them.
+SESSION_EXPIRY_S = 3600
+#: Under a pool's ``log_root``: durable logs (``apps/<app>/<source>``), and the logs of
+#: sources that are not replayed, removed when a pool starts there.
+APPS, ONCE = "apps", "once"
+#: How long a detached durable subscription waits for its app's next source (seconds).
+LINGER_S = 600.0
 
 
 class _Connection:
@@ -249,6 +280,34 @@ class BrokerLease:
             conn.pool._release(conn)
 
 
+def _remove_unread(root: Path, linger_s: float) -> None:
+    """Remove the logs under ``root`` no source will read: ``once/`` (and what older
+    versions left), and ended sources' logs untouched for ``linger_s``; then the
+    folders that are left empty."""
+    if not root.is_dir():
+        return
+    for entry in root.iterdir():
+        if entry.name != APPS:
+            shutil.rmtree(entry, ignore_errors=True)
+    for directory in root.glob(f"{APPS}/*/*"):
+        with contextlib.suppress(OSError):
+            age = time.time() - directory.stat().st_mtime
+            if not (directory / SUBSCRIPTION_FILE).exists() and age > linger_s:
+                shutil.rmtree(directory, ignore_errors=True)
+    for directory in [*root.glob(f"{APPS}/*"), root / APPS, root]:
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # only if empty
+
+
+def source_log_dir(root: Path, app_id: str | None, source_id: str) -> Path:
+    """Where a source keeps its log under a pool's ``log_root``: the same directory for
+    every generation of app ``app_id`` (a durable log), or, without an app, a new one
+    (removed when a pool starts on ``root``)."""
+    if app_id is None:
+        return root / ONCE / f"{source_id}-{secrets.token_hex(6)}"
+    return root / APPS / app_id / source_id
+
+
 class Tracer(Protocol):
     """Where trace records go (a peer's trace writer)."""
 
@@ -272,8 +331,17 @@ class BrokerPool:
         keepalive_s: int = 30,
         timeout_s: float = 10.0,
         trace: Tracer | None = None,
+        session_expiry_s: int = 0,
+        log_root: Path | None = None,
+        linger_s: float = LINGER_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client_id = client_id
+        #: 0: a clean session per connection; above, a persistent one (module docstring)
+        self.session_expiry_s = session_expiry_s
+        self.log_root = log_root  #: where durable subscriptions' logs are found again
+        self.linger_s = linger_s  #: how long a detached subscription waits for its source
+        self.clock = clock
         self.trace = trace  #: where sources write their ``ingest`` trace records
         self.backoff = backoff or Backoff()
         self.rng = rng or random.Random()
@@ -286,13 +354,25 @@ class BrokerPool:
         self._next_key = 0
         self._group: asyncio.TaskGroup | None = None
         self._closed = False
+        self._durable: dict[Path, Subscription] = {}  #: by log directory
+        self._sweeper: asyncio.Task[None] | None = None
 
     def start(self, group: asyncio.TaskGroup) -> None:
         self._group = group
+        self._adopt()
         conns: list[_Connection | Subscribing] = [*self._conns.values(), *self._subs.values()]
         for conn in conns:
             if conn.task is None:
                 self._launch(conn)
+        self._sweeper = group.create_task(self._sweep(), name="mqtt detached logs")
+
+    def ingest_client_id(self, broker: BrokerOptions) -> str:
+        """The ingest connection's client id: fixed per pool and broker when sessions
+        persist (the broker finds our session again), else a new one per process."""
+        if not self.session_expiry_s:
+            return f"{self.client_id}-in-{self.rng.getrandbits(48):012x}"
+        who = f"{broker.address}\0{broker.username or ''}".encode()
+        return f"{self.client_id}-in-{hashlib.sha256(who).hexdigest()[:8]}"
 
     async def aclose(self) -> None:
         """Disconnect from every broker; the pool cannot be used again."""
@@ -300,6 +380,8 @@ class BrokerPool:
         conns: list[_Connection | Subscribing] = [*self._conns.values(), *self._subs.values()]
         self._conns, self._subs = {}, {}
         tasks = [c.task for c in conns if c.task is not None]
+        if self._sweeper is not None:
+            tasks.append(self._sweeper)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -340,12 +422,27 @@ class BrokerPool:
         limit: int | None = None,
         on_commit: Callable[[], None],
         on_active: Callable[[bool], None] | None = None,
+        durable: bool = False,
+        start: int = 0,
     ) -> Subscription:
         """Have the broker's messages on ``topic_filter`` written to a log in
         ``log_dir`` by the broker's ingest process (QoS 1: acknowledged once written),
         holding at most ``max_bytes`` and ``limit`` unread messages (then shed);
         ``on_commit()`` says more is committed: read it with the subscription's
-        ``reader`` and say how far with ``read_to``."""
+        ``reader`` (from position ``start``) and say how far with ``read_to``.
+
+        ``durable``: the log is continued if ``log_dir`` holds one (a subscription
+        detached there is attached again), written down to be taken up again by a
+        pool started on ``log_root``, and detached rather than ended by
+        :meth:`detach`."""
+        old = self._durable.pop(log_dir, None)
+        if old is not None and old._owner is not None:
+            want = (broker, topic_filter, qos, max_bytes, limit)
+            if (old._owner.options, old.topic_filter, old.qos, old.max_bytes, old.limit) == want:
+                self._durable[log_dir] = old
+                old.attach(start, on_commit=on_commit, on_active=on_active)
+                return old
+            old.close(remove=False)  # another subscription in this directory: the log stays
         bad = filter_problem(topic_filter)
         if bad is not None:
             msg = f"bad topic filter {topic_filter!r}: {bad}"
@@ -365,9 +462,86 @@ class BrokerPool:
             limit=limit,
             on_commit=on_commit,
             on_active=on_active,
+            start=start,
         )
+        if durable:
+            self._durable[log_dir] = sub
+            self._write_down(sub, broker)
         owner.add(sub)
         return sub
+
+    def detach(self, sub: Subscription, attachment: int) -> None:
+        """Its source stopped without ending: a durable subscription goes on logging
+        (for ``linger_s``, or until a source attaches); another one is closed. Nothing
+        happens when a newer source attached since (``attachment`` is not its last)."""
+        if sub.attachments != attachment:
+            return
+        if self._durable.get(sub.reader.directory) is sub and sub._owner is not None:
+            sub.detach(self.clock())
+        else:
+            sub.close()
+
+    def _write_down(self, sub: Subscription, broker: BrokerOptions) -> None:
+        what = {
+            "broker": {**dataclasses.asdict(broker), "password": None},
+            "password": broker.password is not None,  # not on disk: not taken up again
+            "filter": sub.topic_filter,
+            "qos": sub.qos,
+            "max_bytes": sub.max_bytes,
+            "limit": sub.limit,
+        }
+        try:
+            path = sub.reader.directory / SUBSCRIPTION_FILE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(what))
+        except OSError as exc:  # it still works; a restart will not take it up
+            log.warning("cannot write down the subscription in %s: %s", path.parent, exc)
+
+    def _adopt(self) -> None:
+        """Take up the durable subscriptions written down under ``log_root``, detached;
+        remove the logs no source will read (``once/``, and ended sources' logs older
+        than ``linger_s``)."""
+        root = self.log_root
+        if root is None or self._closed:
+            return
+        _remove_unread(root, self.linger_s)
+        for path in sorted(root.glob(f"{APPS}/*/*/{SUBSCRIPTION_FILE}")):
+            if path.parent in self._durable:
+                continue
+            try:
+                what = json.loads(path.read_text())
+                if what.get("password"):
+                    continue  # its source brings the password when its app comes back
+                broker = BrokerOptions(**what["broker"])
+                sub = self.subscribe_log(
+                    broker,
+                    str(what["filter"]),
+                    qos=int(what["qos"]),
+                    log_dir=path.parent,
+                    max_bytes=int(what["max_bytes"]),
+                    limit=what["limit"],
+                    on_commit=lambda: None,
+                    durable=True,
+                    start=(segments(path.parent) or [0])[0],  # its source says where from
+                )
+            except (OSError, ValueError, TypeError, KeyError, AgiledartError) as exc:
+                log.warning("cannot take up the MQTT log in %s: %s", path.parent, exc)
+                continue
+            sub.detach(self.clock())
+            log.info("took up the MQTT log in %s (%s)", path.parent, sub.topic_filter)
+
+    async def _sweep(self) -> None:
+        """Close the detached subscriptions nobody attached within ``linger_s``."""
+        while True:
+            await asyncio.sleep(min(10.0, max(0.1, self.linger_s / 2)))
+            now = self.clock()
+            for directory, sub in list(self._durable.items()):
+                if sub._owner is None:
+                    del self._durable[directory]
+                elif sub.detached_at is not None and now - sub.detached_at >= self.linger_s:
+                    log.info("no source came back for the MQTT log in %s: removed", directory)
+                    del self._durable[directory]
+                    sub.close()
 
     def lease(self, broker: BrokerOptions) -> BrokerLease:
         """A share of the connection to ``broker``, to publish on."""

@@ -57,6 +57,15 @@ class MqttSource:
     source sheds, the oldest unread or the newest arrivals (``overload``), counted
     in ``shed``. With ``count`` it returns after that many records (those shed
     included), unsubscribing.
+
+    ``durable`` (a checkpointed app's source): the log in ``log_dir`` is the same for
+    every generation of the app. :meth:`checkpoint` gives the log position a
+    checkpoint records (the messages read into the batches emitted so far),
+    :meth:`committed` lets the log drop what a committed epoch covers (not what was
+    merely read), and a source of a restored app, made with ``start`` = that
+    position, reads on from there: what came after the checkpoint is replayed once.
+    Stopped without ending, it leaves the subscription logging for the next
+    generation; ended, it unsubscribes and leaves the log for a restore to read.
     """
 
     def __init__(
@@ -69,6 +78,8 @@ class MqttSource:
         tick_s: float = 0.005,
         wall_ms: Callable[[], float] = lambda: time.time() * 1000.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        durable: bool = False,
+        start: int = 0,
     ) -> None:
         if spec.connector != "mqtt":
             msg = f"source {spec.id!r}: an MqttSource needs the mqtt connector"
@@ -102,13 +113,34 @@ class MqttSource:
         self._batch_size = batch_size
         self._tick_s = tick_s
         self._sleep = sleep
-        self._taken = 0  #: records handed on, toward ``count``
+        self._durable = durable
+        self._start = start  #: the log position to read on from (a restored source's)
+        #: records handed on, toward ``count`` (a restored source: counted from its start)
+        self._taken = start
+        self._emitted_at = start  #: the log position after the last batch emitted
+        self._marks: dict[int, int] = {}  #: epoch -> its position, until committed
+        self._released = start  #: the position of the last committed epoch
         self._ended = self.count == 0
         self._wake = asyncio.Event()
         self._started = False
         self._sub: Subscription | None = None
         self._traced_shed = 0
         self._traced_at = -TRACE_EVERY_S
+
+    def checkpoint(self, epoch: int) -> int:
+        """The log position barrier ``epoch`` follows: the messages read into the
+        batches emitted before it (records, bad payloads and messages shed alike)."""
+        self._marks[epoch] = self._emitted_at
+        return self._emitted_at
+
+    def committed(self, epoch: int) -> None:
+        """Epoch ``epoch`` is committed: the log may drop what came before its position."""
+        done = [e for e in self._marks if e <= epoch]
+        if not done:
+            return
+        self._released = max(self._released, *(self._marks.pop(e) for e in done))
+        if self._sub is not None:
+            self._sub.read_to(self._emitted_at, self._released)
 
     def _on_commit(self) -> None:
         self._update()
@@ -195,7 +227,10 @@ class MqttSource:
             limit=None if self._shed_oldest else self._limit,
             on_commit=self._on_commit,
             on_active=self._on_active,
+            durable=self._durable,
+            start=self._start,
         )
+        attachment = sub.attachments
         sub.on_connection = self._on_connection
         if sub._owner is not None:  # the broker's connection as it is now
             self._on_connection(sub._owner.connection())
@@ -203,12 +238,17 @@ class MqttSource:
         try:
             while not self._ended:
                 batch = self._take(sub)
+                position = sub.reader.position
                 self._update()
                 if batch:
                     await emit(batch)
                     st.emitted += len(batch)
                     st.batches += 1
-                    sub.read_to(sub.reader.position)
+                # before any await: a barrier may come next (a batch of only bad
+                # payloads or shed messages emits nothing, and is past as well)
+                self._emitted_at = position
+                if batch:
+                    sub.read_to(position, self._released if self._durable else None)
                 if self._done():
                     self._ended = True
                 elif not batch and not sub.reader.backlog:
@@ -218,6 +258,11 @@ class MqttSource:
                         await self._sleep(self._tick_s)  # let a batch gather
         finally:
             self._update(ending=True)
-            sub.close()
+            if not self._durable:
+                sub.close()
+            elif self._ended and sub.attachments == attachment:
+                sub.close(remove=False)  # a restore may read it again
+            else:  # the next generation's source reads on (unless it does already)
+                self._brokers.detach(sub, attachment)
             st.subscribed = False
         st.finished = True

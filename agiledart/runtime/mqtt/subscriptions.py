@@ -6,7 +6,12 @@ subscriptions its :class:`Subscription` objects want, and turns what it reports 
 their state: a commit count for each log (a :class:`~.log.LogReader` reads up to
 it), what it shed, whether the broker holds the filter. When the process dies it is
 logged, counted in ``errors`` and started again with back-off; each log continues
-from what its reader had been told was committed.
+after its last whole frame on disk.
+
+A durable subscription (a checkpointed app's source) outlives its source: when the
+source is stopped without ending (its app undeployed to be restored) it is
+*detached*, and the process goes on logging the broker's messages for it until a
+source of the next generation *attaches* and reads on from its checkpoint.
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ from agiledart.runtime.mqtt.log import LogReader
 if TYPE_CHECKING:
     from agiledart.runtime.mqtt.pool import BrokerPool
 
-__all__ = ["Subscribing", "Subscription"]
+__all__ = ["SUBSCRIPTION_FILE", "Subscribing", "Subscription"]
 
 log = logging.getLogger(__name__)
 
+#: The file in a durable subscription's log directory that says what it subscribes to.
+SUBSCRIPTION_FILE = "subscription.json"
 _WORKER = (sys.executable, "-m", "agiledart.runtime.mqtt.worker")
 #: the counters an ingest process reports, summed over the processes a pool ran
 _COUNTERS = ("connects", "reconnects", "messages_in", "unrouted", "errors")
@@ -56,12 +63,16 @@ class Subscription:
         limit: int | None,
         on_commit: Callable[[], None],
         on_active: Callable[[bool], None] | None,
+        start: int = 0,
     ) -> None:
         self._owner: Subscribing | None = owner
         self.key = key
         self.topic_filter = topic_filter
         self.qos = qos
-        self.reader = LogReader(log_dir)
+        self.reader = LogReader(log_dir, start=start)
+        #: when it was detached (monotonic seconds), None while a source reads it
+        self.detached_at: float | None = None
+        self.attachments = 1  #: sources that have read it (the latest is its reader)
         self.max_bytes = max_bytes
         self.limit = limit
         self.on_commit = on_commit
@@ -85,14 +96,40 @@ class Subscription:
             "max_bytes": self.max_bytes,
             "limit": self.limit,
             "start": self.reader.committed,
+            "read": self.reader.position,
+            "released": self.reader.released,
         }
 
-    def read_to(self, position: int) -> None:
+    def read_to(self, position: int, released: int | None = None) -> None:
         """Tell the ingest process how far the log is read (its bound counts from
-        there) and remove the segments read past."""
-        self.reader.release()
+        there) and remove the segments before ``released`` (default: ``position``)."""
+        self.reader.release(released)
         if self._owner is not None:
-            self._owner.send({"op": "read", "key": self.key, "position": position})
+            message = {"op": "read", "key": self.key, "position": position}
+            self._owner.send({**message, "released": self.reader.released})
+
+    def attach(
+        self,
+        start: int,
+        *,
+        on_commit: Callable[[], None],
+        on_active: Callable[[bool], None] | None,
+    ) -> None:
+        """A new source reads the log on from ``start`` (its checkpoint's position)."""
+        self.attachments += 1
+        self.detached_at = None
+        self.on_commit, self.on_active = on_commit, on_active
+        self.on_connection = None
+        committed = self.reader.committed
+        self.reader.seek(start)
+        self.reader.committed = max(self.reader.position, committed)
+        if self.on_active is not None:
+            self.on_active(self.active)
+
+    def detach(self, now: float) -> None:
+        """No source reads the log for now; the ingest process goes on writing it."""
+        self.detached_at = now
+        self.on_commit, self.on_active, self.on_connection = _nothing, None, None
 
     def _report(self, message: dict[str, Any]) -> None:
         if "c" in message:
@@ -109,16 +146,19 @@ class Subscription:
             self.on_active(active)
 
     def _restarted(self) -> None:
-        """A new ingest process: its counts start again from 0."""
+        """A new ingest process: its counts start again from 0 (its log goes on)."""
         self._shed_before, self._received_before = self.shed, self.received
-        self.reader.restart(self.reader.committed)
 
-    def close(self) -> None:
+    def close(self, *, remove: bool = True) -> None:
+        """Unsubscribe; remove the log, or (``remove=False``) keep it for a source
+        that may read it again, no longer taken up by a restarted peer."""
         owner, self._owner = self._owner, None
         if owner is not None:
             owner.remove(self)
         self.active = False
-        self.reader.close(remove=True)
+        self.reader.close(remove=remove)
+        if not remove:
+            (self.reader.directory / SUBSCRIPTION_FILE).unlink(missing_ok=True)
 
 
 class Subscribing:
@@ -173,7 +213,8 @@ class Subscribing:
         pool = self.pool
         return {
             "broker": dataclasses.asdict(self.options),
-            "client_id": f"{pool.client_id}-in",
+            "client_id": pool.ingest_client_id(self.options),
+            "session_expiry_s": pool.session_expiry_s,
             "keepalive_s": pool.keepalive_s,
             "timeout_s": pool.timeout_s,
             "backoff": dataclasses.asdict(pool.backoff),
@@ -253,6 +294,10 @@ class Subscribing:
             if sub.active:
                 sub._set_active(False)
         self._tell_connection()
+
+
+def _nothing() -> None:
+    pass
 
 
 def delivering(

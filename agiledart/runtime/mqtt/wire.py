@@ -118,10 +118,17 @@ def encode_connect(
     max_packet: int,
     username: str | None = None,
     password: str | None = None,
+    session_expiry_s: int = 0,
 ) -> bytes:
-    """CONNECT with a clean start, asking the broker for no packet over ``max_packet``."""
-    flags = 0x02 | (0x80 if username is not None else 0) | (0x40 if password is not None else 0)
+    """CONNECT asking the broker for no packet over ``max_packet``. With
+    ``session_expiry_s`` 0, a clean start and a session that ends with the connection;
+    above, the broker's session is resumed (clean start 0, 3.1.2.4) and kept that long
+    after a disconnect, its subscriptions and the QoS 1 messages that match them."""
+    flags = (0x80 if username is not None else 0) | (0x40 if password is not None else 0)
+    flags |= 0 if session_expiry_s else 0x02
     props = b"\x27" + struct.pack("!I", max_packet)  # Maximum Packet Size
+    if session_expiry_s:
+        props += b"\x11" + struct.pack("!I", min(session_expiry_s, 0xFFFFFFFF))
     props += b"\x21" + struct.pack("!H", 65535)  # Receive Maximum
     body = _str("MQTT") + bytes([5, flags]) + struct.pack("!H", keepalive_s)
     body += _varint(len(props)) + props + _str(client_id)

@@ -10,14 +10,16 @@ that only reads, writes logs and acknowledges wakes as promptly as
 ``mosquitto_sub`` does. It runs :class:`~agiledart.runtime.mqtt.ingest.Ingest`.
 
 The peer and the process speak JSON lines. Peer to process (stdin): first the
-connection (``broker`` options, ``client_id``, ``keepalive_s``, ``timeout_s``,
-``log_level``), then ``{"op": "add", "key", "filter", "qos", "dir", "max_bytes",
-"limit", "start"}``, ``{"op": "remove", "key"}`` and ``{"op": "read", "key",
-"position"}`` (how far a source has read: the log's bound counts from there). Process
-to peer (stdout): ``{"k": key, "c": committed, "s": shed, "r": received}`` after a
-commit, ``{"k": key, "a": active, "why": refused}`` when the broker takes or loses a
-subscription, ``{"stats": {...}}`` twice a second while they change. The process ends
-when its stdin closes (the peer is gone) or it is terminated.
+connection (``broker`` options, ``client_id``, ``session_expiry_s``, ``keepalive_s``,
+``timeout_s``, ``log_level``), then ``{"op": "add", "key", "filter", "qos", "dir",
+"max_bytes", "limit", "start", "read", "released"}`` (a log already in ``dir`` is
+continued), ``{"op": "remove", "key"}`` and ``{"op": "read", "key", "position",
+"released"}`` (how far a source has read: the log's bound counts from there; and the
+segments it removed). Process to peer (stdout): ``{"k": key, "c": committed, "s":
+shed, "r": received}`` after an add and a commit, ``{"k": key, "a": active, "why":
+refused}`` when the broker takes or loses a subscription, ``{"stats": {...}}`` twice
+a second while they change. The process ends when its stdin closes (the peer is gone)
+or it is terminated.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ class _Worker:
         self.stats = BrokerPoolStatistics()
         self.ingest = Ingest(
             BrokerOptions(**config["broker"]),
-            client_id=lambda: f"{config['client_id']}-{random.getrandbits(48):012x}",
+            client_id=str(config["client_id"]),
+            session_expiry_s=int(config.get("session_expiry_s", 0)),
             keepalive_s=int(config["keepalive_s"]),
             timeout_s=float(config["timeout_s"]),
             stats=self.stats,
@@ -84,7 +87,7 @@ class _Worker:
         elif op == "remove":
             self._remove(key)
         elif op == "read" and key in self.subs:
-            self.subs[key].writer.reader_at(int(cmd["position"]))
+            self.subs[key].writer.reader_at(int(cmd["position"]), cmd.get("released"))
 
     def _add(self, key: int, cmd: dict[str, Any]) -> None:
         ingest = self.ingest
@@ -94,11 +97,13 @@ class _Worker:
             limit=cmd.get("limit"),
             start=int(cmd.get("start", 0)),
         )
+        writer.reader_at(int(cmd.get("read", writer.read)), cmd.get("released"))
         sub = self.subs[key] = _Sub(key, cmd["filter"], writer)
         tkey = self._keys[key] = ingest.table.add(sub.topic_filter, int(cmd["qos"]), sub.deliver)
         ingest.watchers[tkey] = (sub.topic_filter, partial(self._active, key))
         ingest.commits[tkey] = partial(self._commit, key)
         ingest.changed.set()
+        self._commit(key)  # what the log holds already (a continued one)
 
     def _remove(self, key: int) -> None:
         ingest = self.ingest
