@@ -84,7 +84,7 @@ from agiledart.runtime.mqtt.pool import (
     BrokerPoolStatistics,
     Subscription,
 )
-from agiledart.runtime.mqtt.sink import MqttSink
+from agiledart.runtime.mqtt.sink import MqttEpochSink, MqttSink
 from agiledart.runtime.mqtt.source import MqttSource, MqttSourceStatistics
 
 __all__ = [
@@ -96,6 +96,7 @@ __all__ = [
     "BrokerOptions",
     "BrokerPool",
     "BrokerPoolStatistics",
+    "MqttEpochSink",
     "MqttSink",
     "MqttSource",
     "MqttSourceStatistics",
