@@ -25,11 +25,20 @@ from support.processes import cli_json, formed_cluster, poll
 from agiledart.app import parse_spec
 from agiledart.app.reference import canonical, reference_outputs
 from agiledart.emulate import LocalCluster
+from agiledart.runtime.mqtt.pool import ID_PROPERTY
+from agiledart.runtime.mqtt.sink import message_id
+from agiledart.runtime.spool import FINAL_EPOCH
 
 pytestmark = [pytest.mark.processes]
 
 SENSOR_1, SENSOR_2, GATEWAY_1, GATEWAY_2, EDGE_1 = range(5)
 ID = "agiledart-id"
+
+
+def test_a_message_id_names_its_app_sink_epoch_and_place() -> None:
+    assert ID_PROPERTY == ID
+    assert message_id("a1", "out", 7, 0) == "a1/out/7/0"
+    assert message_id("a1", "out", FINAL_EPOCH, 12) == "a1/out/final/12"
 
 
 class Consumer:

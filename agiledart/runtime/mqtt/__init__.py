@@ -55,7 +55,9 @@ never blocks); a publisher task (:meth:`MqttSink.run`) sends them, up to
 :data:`PUBLISH_WINDOW` side by side. While the broker is away the buffer holds what
 comes; what overflows it is dropped, oldest first, and counted in ``dropped``.
 Messages whose publish failed go back to the front and are sent again (QoS 1 is
-at-least-once). :meth:`MqttSink.drain` waits for the buffer to empty.
+at-least-once). :meth:`MqttSink.drain` waits for the buffer to empty. In a checkpointed app the sink
+is an :class:`MqttEpochSink` instead: two-phase, per committed epoch, with ids (see
+:mod:`.sink`).
 
 **aiomqtt and paho, as used here (publishing).** A publish waits for the socket (QoS 0)
 or the PUBACK (QoS 1) and is not failed when the connection drops, so :mod:`.pool`
