@@ -293,6 +293,9 @@ SINK_PARAMS: Mapping[str, tuple[Param, ...]] = {
         *_MQTT,
         _p("buffer", "posint", default=10_000, unit="records"),
         _p("drain_timeout_ms", "nonnegint", default=30_000, **_MS),
+        # with checkpoints: committed epochs waiting for the broker, at most
+        _p("buffer_mb", "posint", default=64, unit="MiB"),
+        _p("id_in_payload", "bool", default=False),
     ),
     "stdout": (),
     "discard": (),

@@ -607,8 +607,8 @@ def open_sink(
     mqtt sink publishes through ``brokers`` (its owner runs its publisher). A file sink
     given ``resume`` (a committed ``size`` and ``records``) keeps that much, an sql or
     http sink (its committed ``epoch``) sends what it holds up to it. ``app``: the app
-    id, the peer's name and whether the app checkpoints (an sql or http sink's). With ``policy``
-    (a peer's), a spec reaching past it is refused."""
+    id, the peer's name and whether the app checkpoints (an sql, http or mqtt sink's).
+    With ``policy`` (a peer's), a spec reaching past it is refused."""
     if spec.connector == "file":
         return FileSink(spec, out_dir=out_dir, resume=resume, policy=policy)
     if spec.connector == "stdout":
@@ -619,9 +619,15 @@ def open_sink(
         if brokers is None:
             msg = f"sink {spec.id!r}: {_MQTT}"
             raise ExecutionError(msg)
-        from agiledart.runtime.mqtt import MqttSink  # mqtt imports this module
+        from agiledart.runtime.mqtt import MqttEpochSink, MqttSink  # mqtt imports this
 
         _check_env(spec.params, f"sink {spec.id!r}", policy)
+        app_id, instance, checkpointed = app
+        if checkpointed:  # per committed epoch, with ids
+            return MqttEpochSink(
+                spec, brokers=brokers, app_id=app_id, instance=instance,
+                out_dir=Path(out_dir), resume=resume,
+            )  # fmt: skip
         return MqttSink(spec, brokers=brokers)
     if spec.connector in ("sql", "http"):
         from agiledart.runtime.http import HttpSink  # both import this module

@@ -65,7 +65,9 @@ never blocks); a publisher task (:meth:`MqttSink.run`) sends them, up to
 :data:`PUBLISH_WINDOW` side by side. While the broker is away the buffer holds what
 comes; what overflows it is dropped, oldest first, and counted in ``dropped``.
 Messages whose publish failed go back to the front and are sent again (QoS 1 is
-at-least-once). :meth:`MqttSink.drain` waits for the buffer to empty.
+at-least-once). :meth:`MqttSink.drain` waits for the buffer to empty. In a checkpointed app the sink
+is an :class:`MqttEpochSink` instead: two-phase, per committed epoch, with ids (see
+:mod:`.sink`).
 
 **aiomqtt and paho, as used here (publishing).** A publish waits for the socket (QoS 0)
 or the PUBACK (QoS 1) and is not failed when the connection drops, so :mod:`.pool`
@@ -96,7 +98,7 @@ from agiledart.runtime.mqtt.pool import (
     Subscription,
     source_log_dir,
 )
-from agiledart.runtime.mqtt.sink import MqttSink
+from agiledart.runtime.mqtt.sink import MqttEpochSink, MqttSink
 from agiledart.runtime.mqtt.source import MqttSource, MqttSourceStatistics
 
 __all__ = [
@@ -109,6 +111,7 @@ __all__ = [
     "BrokerOptions",
     "BrokerPool",
     "BrokerPoolStatistics",
+    "MqttEpochSink",
     "MqttSink",
     "MqttSource",
     "MqttSourceStatistics",

@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import aiomqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from agiledart.app.errors import ExecutionError
 from agiledart.app.topics import filter_problem
@@ -55,6 +57,7 @@ log = logging.getLogger(__name__)
 _client_log = logging.getLogger(f"{__name__}.client")
 
 __all__ = [
+    "ID_PROPERTY",
     "INBOX",
     "PUBLISH_WINDOW",
     "SESSION_EXPIRY_S",
@@ -69,6 +72,8 @@ __all__ = [
 DELIVER_LOG_BYTES = 64 << 20
 #: QoS 1 messages a sink has in flight (published, not yet acknowledged) at most.
 PUBLISH_WINDOW = 64
+#: The MQTT 5 user property naming a message's deterministic id (``<app>/<sink>/<epoch>/<n>``).
+ID_PROPERTY = "agiledart-id"
 #: Incoming messages waiting on a publishing connection, at most (it subscribes to
 #: nothing, so none should come).
 INBOX = 1000
@@ -186,13 +191,16 @@ class _Connection:
             self.connected.clear()
             self.lost.set_result(None)
 
-    async def publish_many(self, messages: Sequence[tuple[str, bytes]], qos: int) -> list[bool]:
+    async def publish_many(
+        self, messages: Sequence[tuple[str, bytes]], qos: int, ids: Sequence[str] | None = None
+    ) -> list[bool]:
         """Publish ``messages``; which of them the broker took (QoS 1: acknowledged)."""
         ok = [False] * len(messages)
         client, lost = self.client, self.lost
         if client is None or lost is None or lost.done():
             return ok
-        work = asyncio.get_running_loop().create_task(self._send(client, messages, qos, ok))
+        send = self._send(client, messages, qos, ok, ids)
+        work = asyncio.get_running_loop().create_task(send)
         try:
             await asyncio.wait((work, lost), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -212,10 +220,12 @@ class _Connection:
         messages: Sequence[tuple[str, bytes]],
         qos: int,
         ok: list[bool],
+        ids: Sequence[str] | None,
     ) -> None:
         async def one(i: int) -> None:
             topic, payload = messages[i]
-            await client.publish(topic, payload, qos=qos)
+            props = None if ids is None else _with_id(ids[i])
+            await client.publish(topic, payload, qos=qos, properties=props)
             ok[i] = True
 
         try:  # side by side: even a QoS 0 publish waits for the socket to take it
@@ -224,6 +234,13 @@ class _Connection:
                     group.create_task(one(i))
         except* aiomqtt.MqttError as eg:
             log.debug("publish to %s failed: %s", self.options.address, eg.exceptions[0])
+
+
+def _with_id(message_id: str) -> Properties:
+    """A PUBLISH's properties: the message's id as the user property ``ID_PROPERTY``."""
+    props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    props.UserProperty = (ID_PROPERTY, message_id)
+    return props
 
 
 class BrokerLease:
@@ -263,15 +280,18 @@ class BrokerLease:
             await asyncio.gather(*waits, return_exceptions=True)
         return self.connected
 
-    async def publish_many(self, messages: Sequence[tuple[str, bytes]], qos: int) -> list[bool]:
-        """Publish ``messages`` (topic, payload) with ``qos``; which of them went out.
+    async def publish_many(
+        self, messages: Sequence[tuple[str, bytes]], qos: int, ids: Sequence[str] | None = None
+    ) -> list[bool]:
+        """Publish ``messages`` (topic, payload) with ``qos``, each with its id in
+        ``ids`` (an MQTT 5 user property ``ID_PROPERTY``) if given; which went out.
 
         Never raises for broker trouble: what did not go out is False (retry it).
         """
         if self._conn is None:
             msg = f"the lease on {self.options.address} is closed"
             raise BrokerError(msg)
-        return await self._conn.publish_many(messages, qos)
+        return await self._conn.publish_many(messages, qos, ids)
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
