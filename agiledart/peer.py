@@ -35,7 +35,7 @@ from agiledart.runtime.epochs import CHECKPOINT_RATE
 from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.links import Links
 from agiledart.runtime.service import AppRuntime
-from agiledart.runtime.zoning import ZoneAgent
+from agiledart.runtime.zones import ZoneAgent
 from agiledart.statedir import StateDirLock, default_state_dir
 from agiledart.traces import NullTraceWriter, TraceWriter
 

@@ -27,7 +27,7 @@ Scheduler state lives in the DHT (each app's record names its scheduler; a
 scheduler's apps are listed under ``scheduling:<name>``), so when a scheduler dies its
 apps keep running and a peer of its zone adopts them (:func:`elect` again, over the
 dead one's zone). Everything here is a plain object over values: the live driver
-(:mod:`agiledart.runtime.zoning`) asks peers over TCP frames, the large-scale
+(:mod:`agiledart.runtime.zones`) asks peers over TCP frames, the large-scale
 simulation (:mod:`agiledart.largescale`) calls the peers' objects directly.
 """
 

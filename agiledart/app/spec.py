@@ -63,7 +63,7 @@ AGGREGATES = ("count", "sum", "mean", "min", "max")
 SOURCE_CONNECTORS = ("generator", "file", "mqtt", "http")
 SINK_CONNECTORS = ("file", "mqtt", "stdout", "discard", "sql", "http")
 DATASETS = ("urban", "taxi", "words", "counter")
-#: Placement strategies (agiledart.strategies): JOIN routing, RTR, RTR+RP and baselines.
+#: Placement strategies (agiledart.placement): JOIN routing, RTR, RTR+RP and baselines.
 PLACEMENTS = ("join-routing", "rtr", "rtr-rp", "cloud-only", "lb", "random")
 DEFAULT_PLACEMENT = "join-routing"
 CHECKPOINT_MODES = ("auto", "restart", "erasure", "replication")

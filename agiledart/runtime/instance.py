@@ -54,9 +54,9 @@ import msgpack
 
 from agiledart.app.errors import ExecutionError
 from agiledart.app.functions import Resolver
-from agiledart.app.local import Emission, Executor
 from agiledart.app.spec import AppSpec
 from agiledart.dataplane import CreditWindow, KeyPartitioner
+from agiledart.local.executor import Emission, Executor
 from agiledart.operators import BoundedOutOfOrderness
 from agiledart.operators.base import FINAL_WATERMARK, MIN_WATERMARK, OperatorStats, Record
 from agiledart.overlay.errors import MalformedError, OverlayError
@@ -65,7 +65,6 @@ from agiledart.runtime.code import code_ids_in
 from agiledart.runtime.confine import DataPolicy
 from agiledart.runtime.connectors import Sink, SourceConnector, open_sink, open_source
 from agiledart.runtime.deadletters import DeadLetters
-from agiledart.runtime.elastic import ElasticDriver
 from agiledart.runtime.epochs import Alignment, Channel
 from agiledart.runtime.errors import PeerLost
 from agiledart.runtime.execution import EngineConfig
@@ -80,6 +79,7 @@ from agiledart.runtime.replicas import (
     split_records,
     split_snapshot,
 )
+from agiledart.runtime.scaling import ElasticDriver
 from agiledart.runtime.twophase import SpooledSink
 
 if TYPE_CHECKING:

@@ -32,8 +32,8 @@ from typing import Any
 import msgpack
 
 from agiledart.app.errors import ExecutionError
-from agiledart.app.local import Emission
 from agiledart.dataplane.partition import stable_hash
+from agiledart.local.executor import Emission
 from agiledart.operators.base import Record
 
 __all__ = [

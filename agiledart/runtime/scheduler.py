@@ -44,7 +44,8 @@ from agiledart.app.parse import Overrides, parse_spec
 from agiledart.app.spec import AppSpec
 from agiledart.errors import AgiledartError
 from agiledart.operators.base import RECENT_ERRORS
-from agiledart.placement import (
+from agiledart.placement import place_with
+from agiledart.placement.join import (
     DEFAULT_SLOT_LIMIT,
     Hop,
     NoCapacity,
@@ -53,6 +54,7 @@ from agiledart.placement import (
     PlacementError,
     place,
 )
+from agiledart.placement.survey import LinkDelays, survey
 from agiledart.runtime.checkpoints import fit_code, forget, holders_of
 from agiledart.runtime.code import CodeStore, code_ids_in
 from agiledart.runtime.epochs import CHECKPOINT_RATE, Pacer
@@ -61,8 +63,6 @@ from agiledart.runtime.instance import Deployment
 from agiledart.runtime.links import Address, Links
 from agiledart.runtime.metrics import quantile
 from agiledart.runtime.records import Records, record_key
-from agiledart.strategies import place_with
-from agiledart.strategies.survey import LinkDelays, survey
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from support.processes import formed_cluster
 
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 from agiledart.overlay.errors import MalformedError
 from agiledart.runtime.checkpoints import CheckpointError, Holder, load, save
 from agiledart.runtime.links import Links

@@ -29,7 +29,7 @@ from types import MappingProxyType
 
 from agiledart.app.graph import topological_order
 from agiledart.app.spec import AppSpec
-from agiledart.placement import PlacementError
+from agiledart.placement.join import PlacementError
 
 __all__ = [
     "CLOUD_ZONE",

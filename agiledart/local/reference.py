@@ -45,7 +45,7 @@ def source_records(
     app: AppSpec, *, base_dir: str | os.PathLike[str] | None = None
 ) -> dict[str, list[Record]]:
     """Every source's records, in order (finite sources only)."""
-    from agiledart.app.local import source_batches
+    from agiledart.local.executor import source_batches
 
     out: dict[str, list[Record]] = {}
     for s in app.sources:
