@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from agiledart.app.kinds import MERGE_OPERATORS, OPERATOR_KINDS, STATEFUL_OPERATORS
+
 __all__ = [
     "AGGREGATES",
     "CHECKPOINT_MODES",
@@ -43,22 +45,6 @@ __all__ = [
     "thaw",
 ]
 
-OPERATOR_KINDS = (
-    "map",
-    "filter",
-    "flat_map",
-    "key_by",
-    "window",
-    "join",
-    "union",
-    "top_k",
-    "dedupe",
-    "aggregate",
-)
-#: Operators that take more than one input (the rendezvous points of JOIN routing).
-MERGE_OPERATORS = frozenset({"join", "union"})
-#: Operators whose state must be checkpointed.
-STATEFUL_OPERATORS = frozenset({"window", "join", "top_k", "dedupe", "aggregate"})
 AGGREGATES = ("count", "sum", "mean", "min", "max")
 SOURCE_CONNECTORS = ("generator", "file", "mqtt", "http")
 SINK_CONNECTORS = ("file", "mqtt", "stdout", "discard", "sql", "http")

@@ -1,4 +1,5 @@
-"""The placement model of RTR (placement-rtr.txt §2; DIGESTS.md, RTR placement).
+"""The placement model of RTR (Veith et al., "Latency-Aware Placement of Data Stream
+Analytics on Edge Computing", ICSOC 2018, §2; docs/placement.md).
 
 Theory of operation
 -------------------

@@ -1,4 +1,4 @@
-"""RTR and RTR+RP (placement-rtr.txt §3.2), and the baselines of its evaluation (§4.1).
+"""RTR and RTR+RP (Veith et al., ICSOC 2018, §3.2), and the baselines of its evaluation (§4.1).
 
 * **RTR** (Response Time Rate): operators in the deployment sequence (regions
   breadth-first from the sources, :mod:`agiledart.placement.regions`); each goes to

@@ -60,7 +60,6 @@ from agiledart.local.executor import Emission, Executor
 from agiledart.operators import BoundedOutOfOrderness
 from agiledart.operators.base import FINAL_WATERMARK, MIN_WATERMARK, OperatorStats, Record
 from agiledart.overlay.errors import MalformedError, OverlayError
-from agiledart.runtime.checkpoints import CheckpointError, Holder, Uplink, fit_code, load, save
 from agiledart.runtime.code import code_ids_in
 from agiledart.runtime.confine import DataPolicy
 from agiledart.runtime.connectors import Sink, SourceConnector, open_sink, open_source
@@ -72,6 +71,7 @@ from agiledart.runtime.execution.engines import Engine, InlineEngine, Unit
 from agiledart.runtime.links import Address, Links
 from agiledart.runtime.metrics import InstanceMeter, LatencyHistogram, quantile
 from agiledart.runtime.mqtt import BrokerPool, MqttSink
+from agiledart.runtime.recovery import CheckpointError, Holder, Uplink, fit_code, load, save
 from agiledart.runtime.replicas import (
     PARTITIONABLE_STATE,
     combine,

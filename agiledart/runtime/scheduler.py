@@ -55,7 +55,6 @@ from agiledart.placement.join import (
     place,
 )
 from agiledart.placement.survey import LinkDelays, survey
-from agiledart.runtime.checkpoints import fit_code, forget, holders_of
 from agiledart.runtime.code import CodeStore, code_ids_in
 from agiledart.runtime.epochs import CHECKPOINT_RATE, Pacer
 from agiledart.runtime.errors import CodeError, DeployError, UnknownApp
@@ -63,6 +62,7 @@ from agiledart.runtime.instance import Deployment
 from agiledart.runtime.links import Address, Links
 from agiledart.runtime.metrics import quantile
 from agiledart.runtime.records import Records, record_key
+from agiledart.runtime.recovery import fit_code, forget, holders_of
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,6 @@ from agiledart.overlay.leafset import Membership, MembershipEvent
 from agiledart.overlay.node import Delivery, OverlayNode
 from agiledart.overlay.routing import Contact
 from agiledart.overlay.tcp import ConnectionInfo, FrameServer
-from agiledart.runtime.checkpoints import SWEEP_S, FragmentStore, Holder, Uplink
 from agiledart.runtime.code import Bundle, CodeStore, code_ids_in, identifier
 from agiledart.runtime.confine import DataPolicy
 from agiledart.runtime.epochs import CHECKPOINT_RATE
@@ -52,6 +51,7 @@ from agiledart.runtime.links import Address, Links
 from agiledart.runtime.metrics import Buckets
 from agiledart.runtime.mqtt import BrokerPool
 from agiledart.runtime.records import Records, record_key
+from agiledart.runtime.recovery import SWEEP_S, FragmentStore, Holder, Uplink
 from agiledart.runtime.scheduler import APPS_DAYS, APPS_LIMIT, Scheduler
 from agiledart.traces import NullTraceWriter
 from agiledart.traces.writer import TraceWriter

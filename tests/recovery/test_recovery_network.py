@@ -13,8 +13,8 @@ from support.processes import formed_cluster
 
 from agiledart.emulation import LocalCluster
 from agiledart.overlay.errors import MalformedError
-from agiledart.runtime.checkpoints import CheckpointError, Holder, load, save
 from agiledart.runtime.links import Links
+from agiledart.runtime.recovery import CheckpointError, Holder, load, save
 
 pytestmark = [pytest.mark.processes]
 

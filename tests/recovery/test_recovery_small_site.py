@@ -19,7 +19,7 @@ from support.processes import cli, cli_json, formed_cluster, poll
 
 from agiledart.apps.probes import counting
 from agiledart.emulation import LocalCluster
-from agiledart.runtime.checkpoints import fit_code
+from agiledart.runtime.recovery import fit_code
 
 pytestmark = [pytest.mark.processes]
 
