@@ -96,24 +96,32 @@ class OverlayNode:
         self._bootstrap: list[Address] = []
         self._last_log: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._stack = contextlib.AsyncExitStack()  #: owns the task group
         self._group: asyncio.TaskGroup | None = None
         self._closing = False
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    async def __aenter__(self) -> OverlayNode:
-        self._group = asyncio.TaskGroup()
-        await self._group.__aenter__()
+    async def start(self) -> None:
+        """Open the task group (through an exit stack, which :meth:`aclose` closes) and
+        start the heartbeat, refresh and graveyard loops in it."""
+        self._group = await self._stack.enter_async_context(asyncio.TaskGroup())
         for loop_fn in (self._heartbeat_loop, self._refresh_loop, self._graveyard_loop):
             self.spawn(loop_fn(), guard=False)
-        return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def aclose(self) -> None:
+        """Stop talking, cancel every task of the node and wait for them."""
         self.close()
         for task in list(self._tasks):
             task.cancel()
-        assert self._group is not None
-        await self._group.__aexit__(None, None, None)
+        await self._stack.aclose()
+
+    async def __aenter__(self) -> OverlayNode:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     def close(self) -> None:
         """Stop talking: close the endpoint and fail pending routes."""
