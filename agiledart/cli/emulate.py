@@ -14,7 +14,8 @@ first; a live app is then stopped. A summary follows, and no process is left beh
 The working directory (cluster key, peer logs, the sinks' output files) is kept.
 
 :func:`progress_view` and :func:`summarize` are plain functions over ``status`` and
-``ring`` answers; :func:`_emulate` is the driver around them.
+``ring`` answers; :func:`_emulate` is the driver around them, and the peers are a
+:class:`~agiledart.emulation.LocalCluster`.
 """
 
 from __future__ import annotations
