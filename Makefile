@@ -24,7 +24,7 @@ lint:
 # mypy does not follow setuptools' package-dir mapping in an editable install, so the
 # strict type check runs over a plain install of the package.
 typecheck:
-	@rm -rf $(TYPECHECK)
+	@rm -rf $(TYPECHECK) build/lib  # a stale build/lib would bring back moved modules
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps . --target $(TYPECHECK) 2>/dev/null
 	MYPYPATH=$(TYPECHECK) $(BIN)/mypy -p agiledart
 

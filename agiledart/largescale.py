@@ -42,7 +42,14 @@ from agiledart.overlay.config import OverlayConfig
 from agiledart.overlay.errors import RouteError
 from agiledart.overlay.node import OverlayNode
 from agiledart.overlay.simulation import SimulatedRing
-from agiledart.placement import DEFAULT_SLOT_LIMIT, Hop, NoCapacity, PeerInfo, PlacementError, place
+from agiledart.placement.join import (
+    DEFAULT_SLOT_LIMIT,
+    Hop,
+    NoCapacity,
+    PeerInfo,
+    PlacementError,
+    place,
+)
 from agiledart.zones import (
     APP_CAP,
     DEFAULT_FANOUT,

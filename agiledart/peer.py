@@ -13,6 +13,7 @@ Control RPCs served over TCP frames (the CLI's and other peers' way in):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -35,7 +36,7 @@ from agiledart.runtime.epochs import CHECKPOINT_RATE
 from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.links import Links
 from agiledart.runtime.service import AppRuntime
-from agiledart.runtime.zoning import ZoneAgent
+from agiledart.runtime.zones import ZoneAgent
 from agiledart.statedir import StateDirLock, default_state_dir
 from agiledart.traces import NullTraceWriter, TraceWriter
 
@@ -135,19 +136,21 @@ class Peer:
         self.frames.route("ring", self._ring)
         self.frames.route("route", self._route)
         self.overlay.on_deliver("probe", _probe)
+        self._stack = contextlib.AsyncExitStack()  #: owns the task group and the overlay node
         self._group: asyncio.TaskGroup | None = None
         self._stopped = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
         self.site: Site | None = None  #: metrics endpoint and dashboard, when configured
         self._lock: StateDirLock | None = None
 
-    async def __aenter__(self) -> Peer:
+    async def start(self) -> None:
+        """Listen, and start every task of the peer in its task group (entered through
+        an exit stack, with the overlay node: :meth:`aclose` leaves both)."""
         host, port = self.config.listen
         self._lock = StateDirLock.acquire(self.state_dir, name=self.name)
-        self._group = asyncio.TaskGroup()
-        await self._group.__aenter__()
+        self._group = await self._stack.enter_async_context(asyncio.TaskGroup())
         try:
-            await self.overlay.__aenter__()
+            await self._stack.enter_async_context(self.overlay)
             try:
                 await self.overlay.listen_udp(host, port, advertise=self._advertised_host())
             except OSError as exc:
@@ -160,7 +163,7 @@ class Peer:
 
                 self.site = await Site.start(self, self._group)
         except BaseException:
-            await self.__aexit__(None, None, None)
+            await self.aclose()
             raise
         await self.trace.start()
         self._group.create_task(self._join_loop())
@@ -171,9 +174,10 @@ class Peer:
             self._loops.append(self._group.create_task(self.central.run()))
         # the CLI prints "peer NAME listening on ..." for people; the id is for debugging
         log.debug("peer %s (%s) listening on %s:%d", self.name, ids.short(self.node_id), host, port)
-        return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def aclose(self) -> None:
+        """Stop: close the parts that own connections, then the overlay node and the task
+        group (waiting for every task), then release the state directory."""
         self._stopped.set()
         for loop in self._loops:  # endless: the task group would wait for them forever
             loop.cancel()
@@ -183,12 +187,17 @@ class Peer:
         await self.trace.aclose()
         await self.links.aclose()
         await self.frames.aclose()
-        await self.overlay.__aexit__(None, None, None)
-        if self._group is not None:
-            await self._group.__aexit__(None, None, None)
+        await self._stack.aclose()  # the overlay node, then the task group
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+    async def __aenter__(self) -> Peer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     @property
     def address(self) -> Address:

@@ -27,7 +27,7 @@ Scheduler state lives in the DHT (each app's record names its scheduler; a
 scheduler's apps are listed under ``scheduling:<name>``), so when a scheduler dies its
 apps keep running and a peer of its zone adopts them (:func:`elect` again, over the
 dead one's zone). Everything here is a plain object over values: the live driver
-(:mod:`agiledart.runtime.zoning`) asks peers over TCP frames, the large-scale
+(:mod:`agiledart.runtime.zones`) asks peers over TCP frames, the large-scale
 simulation (:mod:`agiledart.largescale`) calls the peers' objects directly.
 """
 
@@ -55,6 +55,7 @@ __all__ = [
     "elect",
     "estimate_peers",
     "hop_budget",
+    "merge_gossip",
 ]
 
 #: apps one scheduler takes before another is elected (paper §VII-E)
@@ -162,6 +163,30 @@ class ZoneView:
 
     def with_room(self, zone: str, cap: int = APP_CAP) -> list[SchedulerAd]:
         return [a for a in self.ads(zone) if a.has_room(cap)]
+
+
+def merge_gossip(raw: Any, *, me: str, view: ZoneView, zones: dict[str, str]) -> None:
+    """Take what one gossip message (``zone_gossip``, asked or answered) tells: its
+    sender's zone, the scheduler adverts it carries (up to 64; ours and malformed ones
+    left out) and up to 128 more peers' zones, which never override what we know."""
+    if not isinstance(raw, dict):
+        return
+    sender, zone = raw.get("from"), raw.get("zone")
+    if isinstance(sender, str) and isinstance(zone, str) and sender:
+        zones[sender] = zone
+    ads = []
+    for wire in raw.get("ads", ())[:64] if isinstance(raw.get("ads"), list) else ():
+        try:
+            ad = SchedulerAd.from_wire(wire)
+        except ZoneError:
+            continue
+        if ad.name != me:
+            ads.append(ad)
+    view.learn(ads)
+    entries = raw.get("zones")
+    for entry in entries[:128] if isinstance(entries, list) else ():
+        if isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry):
+            zones.setdefault(entry[0], entry[1])
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,53 +9,45 @@ reconnection to the dead), all children of one ``asyncio.TaskGroup``::
         await node.bootstrap([("10.0.0.2", 4000)])
         result = await node.route(target_id, "join", {"app": "a1"})
 
-Recursive routing (:meth:`route`): each hop acks the message, appends itself to its
-path and forwards it with the decision of ``routing.next_hops``; a hop that does not
-ack in time is suspected and the next candidate tried. The peer closest to the key
-calls the handler registered for the message kind and reports the path to the origin.
+Recursive routing (:meth:`route`, :class:`~.recursive.RecursiveRouting`): each hop
+acks the message, appends itself to its path and forwards it with the decision of
+``routing.next_hops``; a hop that does not ack in time is suspected and the next
+candidate tried. The peer closest to the key calls the handler registered for the
+message kind and reports the path to the origin. Heartbeats, bucket refresh and
+graveyard probes are :class:`~.upkeep.Upkeep`'s loops; membership (contacts, leaf
+set, failure detector, graveyard) stays here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import random
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from . import ids
 from .auth import ClusterKey, DatagramAuth
 from .config import OverlayConfig
-from .envelope import Envelope, Hop, RouteResult
-from .errors import BadMessage, ClockSkewError, MalformedError, ReplayError, RouteError
-from .failure import FailureDetector, Health
+from .envelope import RouteResult
+from .errors import BadMessage, ClockSkewError, MalformedError, ReplayError
+from .failure import FailureDetector
 from .leafset import LeafSet, Membership, MembershipEvent
 from .lookup import Lookup
-from .protocol import Address, OverlayProtocol, Source, check_contact
-from .routing import Contact, next_hops
+from .protocol import Address, OverlayProtocol, Source
+from .recursive import Delivery, Handler, RecursiveRouting
+from .routing import Contact
 from .table import Node, make_node
+from .upkeep import Upkeep
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[["Delivery"], Any]
 Listener = Callable[[MembershipEvent], None]
 
 __all__ = ["Delivery", "OverlayNode"]
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """A routed message at the peer closest to its key."""
-
-    key: int
-    kind: str
-    payload: Any
-    path: tuple[Hop, ...]
 
 
 class OverlayNode:
@@ -78,42 +70,48 @@ class OverlayNode:
         self.capacity = capacity
         self.kad_node = make_node(node_id)
         self.protocol = OverlayProtocol(self)
+        self.routing = RecursiveRouting(self)
+        self.upkeep = Upkeep(self)
         self.router = self.protocol.router
         self.leaf_set = LeafSet(node_id, self.config.leaf_set_size)
         self.detector = FailureDetector(misses_to_dead=self.config.misses_to_dead)
         self.contacts: dict[int, Contact] = {}
         self.address: Address = ("0.0.0.0", 0)
         self.stats: Counter[str] = Counter()
-        #: forwarding steps of the routes this peer originated, by count (metrics)
-        self.route_hops: Counter[int] = Counter()
-        self._graveyard: OrderedDict[int, tuple[Contact, float]] = OrderedDict()
-        self._handlers: dict[str, Handler] = {}
+        #: peers declared dead, and when (probed again by the upkeep; never revived second-hand)
+        self.graveyard: OrderedDict[int, tuple[Contact, float]] = OrderedDict()
         self._listeners: list[Listener] = []
-        self._pending: dict[bytes, asyncio.Future[RouteResult]] = {}
-        self._seen_routes: OrderedDict[bytes, None] = OrderedDict()
         self._verifying: set[int] = set()
         self._joining = False
-        self._bootstrap: list[Address] = []
+        self.bootstrap_peers: list[Address] = []  #: where we joined (probed again when alone)
         self._last_log: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._stack = contextlib.AsyncExitStack()  #: owns the task group
         self._group: asyncio.TaskGroup | None = None
         self._closing = False
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    async def __aenter__(self) -> OverlayNode:
-        self._group = asyncio.TaskGroup()
-        await self._group.__aenter__()
-        for loop_fn in (self._heartbeat_loop, self._refresh_loop, self._graveyard_loop):
-            self.spawn(loop_fn(), guard=False)
-        return self
+    async def start(self) -> None:
+        """Open the task group (through an exit stack, which :meth:`aclose` closes) and
+        start the heartbeat, refresh and graveyard loops in it."""
+        self._group = await self._stack.enter_async_context(asyncio.TaskGroup())
+        for loop in self.upkeep.loops():
+            self.spawn(loop, guard=False)
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def aclose(self) -> None:
+        """Stop talking, cancel every task of the node and wait for them."""
         self.close()
         for task in list(self._tasks):
             task.cancel()
-        assert self._group is not None
-        await self._group.__aexit__(None, None, None)
+        await self._stack.aclose()
+
+    async def __aenter__(self) -> OverlayNode:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     def close(self) -> None:
         """Stop talking: close the endpoint and fail pending routes."""
@@ -121,10 +119,7 @@ class OverlayNode:
         if self.protocol.transport is not None:
             self.protocol.transport.close()
             self.protocol.connection_lost(None)
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_exception(RouteError("the overlay node is closing"))
-        self._pending.clear()
+        self.routing.fail_pending()
 
     async def listen_udp(self, host: str, port: int, *, advertise: str | None = None) -> None:
         loop = asyncio.get_running_loop()
@@ -237,7 +232,7 @@ class OverlayNode:
         """Contacts heard second-hand (lookups, leaf-set exchange): added if new, but
         never trusted to revive a peer we recently declared dead."""
         now = asyncio.get_running_loop().time()
-        contacts, graveyard, ttl = self.contacts, self._graveyard, self.config.graveyard_ttl_s
+        contacts, graveyard, ttl = self.contacts, self.graveyard, self.config.graveyard_ttl_s
         for raw, host, port, name in wire_contacts:
             nid = int.from_bytes(raw, "big")
             known = contacts.get(nid)
@@ -284,7 +279,7 @@ class OverlayNode:
         """First-hand evidence that ``nid`` is alive at ``host:port``."""
         contact = self.contacts.get(nid)
         if contact is None:
-            self._graveyard.pop(nid, None)
+            self.graveyard.pop(nid, None)
             contact = self._add(Contact(nid, host, port, name or ""))
             contact.last_seen = asyncio.get_running_loop().time()
         else:
@@ -309,10 +304,10 @@ class OverlayNode:
         self.router.remove_contact(make_node(nid))
         events = self.leaf_set.remove(nid, dead=dead)
         if dead:
-            self._graveyard[nid] = (contact, asyncio.get_running_loop().time())
-            self._graveyard.move_to_end(nid)
-            while len(self._graveyard) > self.config.graveyard_size:
-                self._graveyard.popitem(last=False)
+            self.graveyard[nid] = (contact, asyncio.get_running_loop().time())
+            self.graveyard.move_to_end(nid)
+            while len(self.graveyard) > self.config.graveyard_size:
+                self.graveyard.popitem(last=False)
         self.contacts.pop(nid, None)
         self._publish(events)
         if events:  # refill the leaf set, verifying each candidate first
@@ -357,7 +352,7 @@ class OverlayNode:
     def recently_dead(self, within_s: float) -> list[Contact]:
         """The peers declared dead in the last ``within_s`` seconds, the latest first."""
         since = asyncio.get_running_loop().time() - within_s
-        return [c for c, at in reversed(self._graveyard.values()) if at >= since]
+        return [c for c, at in reversed(self.graveyard.values()) if at >= since]
 
     # -- joining and upkeep ---------------------------------------------------------------
 
@@ -385,7 +380,7 @@ class OverlayNode:
 
     async def bootstrap(self, addresses: Iterable[Address]) -> int:
         """Join through any of ``addresses``; returns how many peers we know afterwards."""
-        self._bootstrap = list(addresses)
+        self.bootstrap_peers = list(addresses)
         self._joining = True  # the lookups' fresh answers build our neighbourhood
         try:
             return await self._join()
@@ -393,7 +388,7 @@ class OverlayNode:
             self._joining = False
 
     async def _join(self) -> int:
-        answers = await asyncio.gather(*(self.ping(a) for a in self._bootstrap))
+        answers = await asyncio.gather(*(self.ping(a) for a in self.bootstrap_peers))
         seeds = [self.router_node(n) for n in answers if n is not None]
         if seeds:
             await Lookup(
@@ -407,257 +402,22 @@ class OverlayNode:
         return make_node(nid, c.host, c.port)
 
     async def refresh(self) -> None:
-        """Re-learn the id space around us (Kademlia §2.3's bucket refresh).
+        """Re-learn the id space around us (:meth:`.upkeep.Upkeep.refresh`)."""
+        await self.upkeep.refresh()
 
-        For every prefix level ``j`` above the leaf set's reach, ask the closest contact
-        we know for the neighbours of a random id that differs from ours first at bit
-        ``j``: one RPC per level fills the subtree at distance [2^j, 2^(j+1)). Levels
-        below the farthest leaf-set member are the leaf set's, kept by heartbeats; and
-        our two closest neighbours are asked for theirs of our own id, which closes the
-        gaps that peers joining at the same moment leave in each other's leaf sets.
-        """
-        members = self.leaf_set.members()
-        reach = (members[-1].node_id ^ self.node_id).bit_length() if members else 0
-        queries = []
-        for level in range(ids.ID_BITS - 1, max(reach - 2, -1), -1):
-            noise = self.rng.getrandbits(level) if level else 0
-            target = make_node(self.node_id ^ (1 << level) ^ noise)
-            near = self.router.find_neighbors(target, k=1)
-            if near:
-                queries.append(self.protocol.call_find_node(near[0], target))
-        for near in self.router.find_neighbors(self.kad_node, k=2):
-            queries.append(self.protocol.call_find_node(near, self.kad_node))
-        await asyncio.gather(*queries)
-
-    async def _heartbeat_loop(self) -> None:
-        interval = self.config.heartbeat_interval_s
-        beat = 0
-        while True:
-            await asyncio.sleep(interval * (0.9 + 0.2 * self.rng.random()))
-            beat += 1
-            # leaf sets are exchanged every few beats, and on every beat while ours is short
-            exchange = beat % 4 == 0 or len(self.leaf_set) < self.leaf_set.size
-            for contact in self.leaf_set.members():
-                self.spawn(self._heartbeat(contact, exchange))
-
-    async def _heartbeat(self, contact: Contact, exchange: bool) -> None:
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        ok, res = await self.protocol.call(
-            contact.address,
-            "heartbeat",
-            ids.to_bytes(self.node_id),
-            self.capacity(),
-            exchange,
-            self.name,
-            timeout=min(self.config.rpc_timeout_s, self.config.heartbeat_interval_s),
-            to=contact.node_id,
-        )
-        nid = contact.node_id
-        if not ok:
-            if self.detector.on_miss(nid) is Health.DEAD:
-                self.declare_dead(nid)
-            return
-        try:
-            raw, cap, name, members = res
-            if ids.from_bytes(raw) != nid:
-                msg = "heartbeat answered by another id"
-                raise MalformedError(msg)
-            learned = [check_contact(m) for m in members[: 4 * self.config.leaf_set_size]]
-        except (BadMessage, TypeError, ValueError):
-            self.reject(MalformedError("bad heartbeat response"), contact.address)
-            return
-        contact.observe_rtt((loop.time() - t0) * 1000)
-        if isinstance(cap, float | int):
-            contact.capacity = float(cap)
-        if isinstance(name, str) and name:
-            contact.name = name
-        self.detector.on_ack(nid)
-        self.learn(learned)
-
-    async def _refresh_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.refresh_interval_s * (0.9 + 0.2 * self.rng.random()))
-            self.spawn(self._crawl_self())
-            self.spawn(self.refresh())
-
-    async def _crawl_self(self) -> None:
-        seeds = self.router.find_neighbors(self.kad_node, k=self.config.alpha)
-        if seeds:
-            await Lookup(
-                self.protocol, self.kad_node, seeds, self.config.ksize, self.config.alpha
-            ).find()
-
-    async def _graveyard_loop(self) -> None:
-        """Probe a few recently dead peers (and the bootstrap list when alone): heals
-        partitions, since after one both sides have declared each other dead."""
-        while True:
-            await asyncio.sleep(self.config.graveyard_probe_interval_s)
-            now = asyncio.get_running_loop().time()
-            while self._graveyard:
-                _, (_, since) = next(iter(self._graveyard.items()))
-                if now - since < self.config.graveyard_ttl_s:
-                    break
-                self._graveyard.popitem(last=False)
-            graves = [(c.address, c.node_id) for c, _ in self._graveyard.values()]
-            picks: list[tuple[Address, int | None]] = self.rng.sample(
-                graves, min(len(graves), self.config.graveyard_probes)
-            )
-            if not self.contacts:
-                picks += [(addr, None) for addr in self._bootstrap]
-            for addr, nid in picks:
-                self.spawn(self.ping(addr, nid))
-
-    # -- routing --------------------------------------------------------------------------
+    # -- routing (recursive.py) ------------------------------------------------------------
 
     def on_deliver(self, kind: str, handler: Handler) -> None:
         """Handle routed messages of ``kind`` that end at this peer."""
-        self._handlers[kind] = handler
-
-    def _self_hop(self, rtt_ms: float | None) -> Hop:
-        return Hop(
-            self.node_id,
-            self.address[0],
-            self.address[1],
-            self.name,
-            rtt_ms,
-            float(self.capacity()),
-        )
+        self.routing.on_deliver(kind, handler)
 
     async def route(
         self, key: int, kind: str, payload: Any = None, *, timeout: float | None = None
     ) -> RouteResult:
         """Route a message to the peer closest to ``key``; its path and handler result."""
-        loop = asyncio.get_running_loop()
-        msg_id = self.rng.randbytes(8)
-        env = Envelope(msg_id, key, kind, payload, self._self_hop(None), ttl=self.config.max_hops)
-        fut: asyncio.Future[RouteResult] = loop.create_future()
-        self._pending[msg_id] = fut
-        try:
-            await self._forward(env.with_hop(self._self_hop(None)))
-            async with asyncio.timeout(timeout or self.config.route_timeout_s):
-                return await fut
-        except TimeoutError:
-            msg = f"no delivery report for {kind} toward {ids.short(key)}"
-            raise RouteError(msg) from None
-        finally:
-            self._pending.pop(msg_id, None)
+        return await self.routing.route(key, kind, payload, timeout=timeout)
 
-    def accept_route(self, env: Envelope, rtt: object) -> list[Any]:
-        """A previous hop hands us a message: ack now, forward in the background."""
-        if env.msg_id in self._seen_routes:  # a retry whose first ack was lost
-            self.count("route_duplicates")
-            return self.self_info()
-        self._seen_routes[env.msg_id] = None
-        if len(self._seen_routes) > 8192:
-            self._seen_routes.popitem(last=False)
-        rtt_ms = float(rtt) if isinstance(rtt, int | float) else None
-        self.spawn(self._forward(env.with_hop(self._self_hop(rtt_ms))))
-        return self.self_info()
-
-    async def _forward(self, env: Envelope) -> None:
-        loop = asyncio.get_running_loop()
-        on_path = {h.node_id for h in env.path}
-        misses: Counter[int] = Counter()
-        given_up: set[int] = set()
-        for _ in range(self.config.route_attempts if env.ttl > 0 else 0):
-            hops = next_hops(
-                self.node_id,
-                env.key,
-                self._candidates(),
-                exclude=on_path | given_up,
-                slack_bits=self.config.proximity_slack_bits,
-                exact_within=self._leaf_radius(),
-            )
-            if not hops:
-                break
-            nxt = hops[0]
-            # one lost datagram is not a dead peer: each candidate gets two tries
-            misses[nxt.node_id] += 1
-            if misses[nxt.node_id] >= 2:
-                given_up.add(nxt.node_id)
-            if nxt.rtt_ms is None and await self.ping(nxt.address, nxt.node_id) != nxt.node_id:
-                # never measured: a ping first, so the path records a real RTT
-                self.count("route_hop_failures")
-                self.note_failure(nxt.node_id)
-                continue
-            t0 = loop.time()
-            ok, ack = await self.protocol.call(
-                nxt.address,
-                "route",
-                ids.to_bytes(self.node_id),
-                env.wire(),
-                nxt.rtt_ms,
-                timeout=self.config.route_hop_timeout_s,
-                to=nxt.node_id,
-            )
-            if ok:
-                self.count("routes_forwarded")
-                nxt.observe_rtt((loop.time() - t0) * 1000)
-                with contextlib.suppress(TypeError, ValueError, IndexError):
-                    nxt.capacity = float(ack[1])
-                return
-            self.count("route_hop_failures")
-            self.note_failure(nxt.node_id)
-        await self._deliver(env)
-
-    def _leaf_radius(self) -> int:
-        members = self.leaf_set.members()
-        if len(members) < self.leaf_set.size:
-            return ids.ID_SPACE  # a small ring: we know everyone
-        return members[-1].node_id ^ self.node_id
-
-    def _candidates(self) -> Iterable[Contact]:
-        contacts = self.contacts
-        for n in self.router.nodes():
-            c = contacts.get(n.long_id)
-            if c is not None:
-                yield c
-        for c in self.leaf_set.members():
-            if not self.router.contains(make_node(c.node_id)):
-                yield c
-
-    async def _deliver(self, env: Envelope) -> None:
-        self.count("routes_delivered")
-        handler = self._handlers.get(env.kind)
-        error: str | None = None
-        result: Any = None
-        if handler is None:
-            error = f"no handler for {env.kind!r} at {self.name or ids.short(self.node_id)}"
-        else:
-            try:
-                result = handler(Delivery(env.key, env.kind, env.payload, env.path))
-                if inspect.isawaitable(result):
-                    result = await result
-            except Exception as exc:
-                log.exception("route handler for %s failed", env.kind)
-                error = f"{type(exc).__name__}: {exc}"
-        report = [env.msg_id, ids.to_bytes(env.key), [h.wire() for h in env.path], result, error]
-        if env.origin.node_id == self.node_id:
-            self.route_done(report)
-            return
-        for _ in range(3):
-            ok, _ = await self.protocol.call(
-                (env.origin.host, env.origin.port),
-                "route_done",
-                ids.to_bytes(self.node_id),
-                report,
-                to=env.origin.node_id,
-            )
-            if ok:
-                return
-
-    def route_done(self, report: object) -> None:
-        if not (isinstance(report, list) and len(report) == 5 and isinstance(report[2], list)):
-            msg = "bad route report"
-            raise MalformedError(msg)
-        msg_id, key, path, result, error = report
-        fut = self._pending.get(msg_id) if isinstance(msg_id, bytes) else None
-        if fut is None or fut.done():
-            return
-        if error is not None:
-            fut.set_exception(RouteError(str(error)))
-            return
-        hops = tuple(Hop.from_wire(h) for h in path)
-        self.route_hops[max(0, len(hops) - 1)] += 1
-        fut.set_result(RouteResult(ids.from_bytes(key), hops, result))
+    @property
+    def route_hops(self) -> Counter[int]:
+        """Forwarding steps of the routes this peer originated, by count (metrics)."""
+        return self.routing.route_hops

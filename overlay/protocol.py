@@ -247,10 +247,10 @@ class OverlayProtocol(KademliaProtocol):  # type: ignore[misc]
         raw = check_id(nodeid)
         envelope = Envelope.from_wire(env)  # validated before anything is acted upon
         self.owner.heard_from(raw, sender, None)
-        return self.owner.accept_route(envelope, rtt)
+        return self.owner.routing.accept_route(envelope, rtt)
 
     def rpc_route_done(self, sender: Source, nodeid: object, report: object) -> bool:
         raw = check_id(nodeid)
-        self.owner.route_done(report)
+        self.owner.routing.route_done(report)
         self.owner.heard_from(raw, sender, None)
         return True

@@ -71,7 +71,7 @@ from typing import Any
 import psycopg
 from benchlib import free_port
 
-from agiledart.emulate import LocalCluster, site_name
+from agiledart.emulation import LocalCluster, site_name
 
 TOPIC = "bench/burst"
 

@@ -44,7 +44,7 @@ from typing import Any
 
 from benchlib import free_port
 
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 from agiledart.errors import AgiledartError
 
 PEERS = 16

@@ -46,7 +46,7 @@ import psutil
 from benchlib import free_port
 
 from agiledart.app import parse_spec
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 from agiledart.runtime.instance import Deployment
 
 IDLE_TARGET_MB, LOADED_TARGET_MB, PAPER_MB = 80, 120, 98

@@ -88,7 +88,7 @@ def _run(coro: Coroutine[Any, Any, Any]) -> Any:
 
 def _engine_run(hosts: list[str], n: int, speedup: float) -> dict[str, Any]:
     from agiledart import apps
-    from agiledart.emulate import LocalCluster
+    from agiledart.emulation import LocalCluster
     from agiledart.runtime.instance import Deployment
 
     spec = apps.load(

@@ -48,8 +48,8 @@ from typing import Any
 from benchlib import cpu_steal, free_port, steal_pct
 
 from agiledart import apps
-from agiledart.app.reference import reference_outputs
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
+from agiledart.local.reference import reference_outputs
 from agiledart.runtime.metrics import quantile
 from agiledart.traces.writer import trace_files
 

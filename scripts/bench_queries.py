@@ -157,7 +157,7 @@ async def run_q(
 ) -> dict[str, Any]:
     import aiomqtt
 
-    from agiledart.emulate import LocalCluster
+    from agiledart.emulation import LocalCluster
 
     with tempfile.TemporaryDirectory(prefix="bench-queries-") as tmp:
         broker, port = start_broker(Path(tmp))

@@ -37,10 +37,10 @@ from typing import Any
 from benchlib import free_port
 
 from agiledart.bandit import Graph, save_graph
-from agiledart.emulate import LocalCluster, site_name
+from agiledart.emulation import LocalCluster, site_name
 from agiledart.recovery import decode, encode
-from agiledart.runtime.checkpoints import Holder, Uplink, load, save
 from agiledart.runtime.links import Links
+from agiledart.runtime.recovery import Holder, Uplink, load, save
 
 PEERS = 6
 M, K = 4, 2

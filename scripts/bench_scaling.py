@@ -2,8 +2,8 @@
 
 A bottleneck operator runs at its right parallelism for the base load; at ``t = 10 s``
 its input rate steps up by x2 (one run) and x4 (another). The peer-side driver
-(:class:`agiledart.runtime.elastic.ElasticDriver`, the code the peers run: counters in,
-:func:`~agiledart.runtime.elastic.rates`, the secant controller, resize) decides once a
+(:class:`agiledart.runtime.scaling.ElasticDriver`, the code the peers run: counters in,
+:func:`~agiledart.runtime.scaling.rates`, the secant controller, resize) decides once a
 second; we report, per step:
 
 * ``decisions_to_target``: changes of the instance count from the step until f >= f*
@@ -42,7 +42,7 @@ from typing import Any
 
 from agiledart.app import parse_spec
 from agiledart.app.spec import ScalingSpec
-from agiledart.runtime.elastic import ElasticDriver
+from agiledart.runtime.scaling import ElasticDriver
 from agiledart.scaling import health
 
 STEP_AT = 10.0
@@ -353,7 +353,7 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
 
     from benchlib import free_port
 
-    from agiledart.emulate import LocalCluster
+    from agiledart.emulation import LocalCluster
 
     root = Path(tempfile.mkdtemp(prefix="bench-scaling-"))
     cluster = LocalCluster(

@@ -6,7 +6,7 @@
     .venv/bin/python scripts/chaos.py --schedules 5 --first-seed 100 --json
 
 Each schedule is one seed. It starts :data:`PEERS` real ``agiledart peer`` processes on
-loopback (:class:`~agiledart.emulate.LocalCluster`; sometimes with a lossy emulated
+loopback (:class:`~agiledart.cli.emulate.LocalCluster`; sometimes with a lossy emulated
 network, ``--links``), submits two to four small finite apps of different shapes
 (union, windowed join, two-stage windows, top-k, dedupe, keyed running count; each
 checkpointed with erasure coding or restarted from scratch, one perhaps fed at 10x its
@@ -19,7 +19,7 @@ netem). At most :data:`MAX_DOWN` peers are down or frozen at any time, so erasur
 state (k = 2) can always be rebuilt.
 
 When every app has ended (or the schedule's time is up), every sink file is compared
-with the plain-Python reference (:func:`agiledart.app.reference.reference_outputs`).
+with the plain-Python reference (:func:`agiledart.local.reference.reference_outputs`).
 An app is *exact*, an *explained failure* (it failed, naming a pinned source or sink
 peer that died: the faults never pick such a peer, so this only happens when a peer
 was taken down by another's death), or *unexplained* (wrong output, a failure no
@@ -53,9 +53,9 @@ from typing import Any
 import yaml
 
 from agiledart.app import AppSpec, parse_spec
-from agiledart.app.reference import canonical, reference_outputs
-from agiledart.emulate import LocalCluster, site_name
+from agiledart.emulation import LocalCluster, site_name
 from agiledart.errors import AgiledartError
+from agiledart.local.reference import canonical, reference_outputs
 
 PEERS = 8  #: sensor-1, sensor-2, gateway-1, gateway-2 (pinned), edge-1 .. edge-4
 PINNED = tuple(range(4))  #: sources and sinks live on these peers only

@@ -45,8 +45,8 @@ import yaml
 
 from agiledart import apps
 from agiledart.app import AppSpec, parse_spec
-from agiledart.app.reference import canonical, reference_outputs
 from agiledart.apps.probes import counting
+from agiledart.local.reference import canonical, reference_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"

@@ -39,7 +39,7 @@ ROOTS: dict[str, type[AgiledartError]] = {
     "agiledart.app": AppError,
     "agiledart.runtime": AppError,
     "agiledart.operators": AppError,
-    "agiledart.strategies": AppError,
+    "agiledart.placement": AppError,
     "agiledart.datasets": AppError,
     "agiledart.apps": AppError,
 }

@@ -6,11 +6,10 @@ An app is a value: :func:`parse_spec` (YAML text or a mapping), :func:`load_spec
 path. :mod:`agiledart.app.graph` answers placement's questions (topological order,
 source-to-sink chains, merge points).
 
-Execution lives in submodules imported where used, so that importing the model
-stays light and free of import cycles with :mod:`agiledart.operators`:
-:mod:`agiledart.app.local` (:func:`~agiledart.app.local.run_local`, the
-single-process executor) and :mod:`agiledart.app.reference` (plain-Python expected
-outputs).
+The model imports nothing of :mod:`agiledart.operators` (which builds on it):
+execution lives in :mod:`agiledart.local` (:func:`~agiledart.local.executor.run_local`,
+the single-process executor, and :mod:`agiledart.local.reference`, plain-Python
+expected outputs).
 
 Errors (see :mod:`agiledart.app.errors` for the tree): :class:`AppError` and below.
 """

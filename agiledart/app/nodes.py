@@ -16,6 +16,7 @@ from typing import Any
 
 from agiledart.app.errors import Problem
 from agiledart.app.fnref import check_fn
+from agiledart.app.kinds import FN_OPERATORS
 from agiledart.app.schema import (
     DATASET_PARAMS,
     OPERATOR_PARAMS,
@@ -46,7 +47,6 @@ from agiledart.app.topics import TopicTemplate
 __all__ = ["ID_RE", "NodeParser"]
 
 ID_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
-_FN_OPS = ("map", "filter", "flat_map")
 _SUFFIX_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv"}
 _OP_KEYS = ("id", "op", "fn", "params", "inputs", "peer", "on_error", "dead_letter")
 #: a dead-letter file's parameters: a file sink's, with a default path
@@ -346,7 +346,7 @@ class NodeParser:
             )
 
     def op_params(self, path: str, op: str, fn: Any, given: Mapping[str, Any]) -> dict[str, Any]:
-        wants_fn = op in _FN_OPS or (op == "key_by" and "key" not in given)
+        wants_fn = op in FN_OPERATORS or (op == "key_by" and "key" not in given)
         if fn is None and wants_fn:
             what = "either fn or params.key" if op == "key_by" else "fn"
             self.add(

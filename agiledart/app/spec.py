@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from agiledart.app.kinds import MERGE_OPERATORS, OPERATOR_KINDS, STATEFUL_OPERATORS
+
 __all__ = [
     "AGGREGATES",
     "CHECKPOINT_MODES",
@@ -43,27 +45,11 @@ __all__ = [
     "thaw",
 ]
 
-OPERATOR_KINDS = (
-    "map",
-    "filter",
-    "flat_map",
-    "key_by",
-    "window",
-    "join",
-    "union",
-    "top_k",
-    "dedupe",
-    "aggregate",
-)
-#: Operators that take more than one input (the rendezvous points of JOIN routing).
-MERGE_OPERATORS = frozenset({"join", "union"})
-#: Operators whose state must be checkpointed.
-STATEFUL_OPERATORS = frozenset({"window", "join", "top_k", "dedupe", "aggregate"})
 AGGREGATES = ("count", "sum", "mean", "min", "max")
 SOURCE_CONNECTORS = ("generator", "file", "mqtt", "http")
 SINK_CONNECTORS = ("file", "mqtt", "stdout", "discard", "sql", "http")
 DATASETS = ("urban", "taxi", "words", "counter")
-#: Placement strategies (agiledart.strategies): JOIN routing, RTR, RTR+RP and baselines.
+#: Placement strategies (agiledart.placement): JOIN routing, RTR, RTR+RP and baselines.
 PLACEMENTS = ("join-routing", "rtr", "rtr-rp", "cloud-only", "lb", "random")
 DEFAULT_PLACEMENT = "join-routing"
 CHECKPOINT_MODES = ("auto", "restart", "erasure", "replication")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from agiledart.app.errors import OperatorError
 from agiledart.app.functions import Resolver, bind
+from agiledart.app.kinds import FN_OPERATORS
 from agiledart.app.spec import OperatorSpec
 from agiledart.operators.aggregate import Aggregate
 from agiledart.operators.base import Operator
@@ -27,7 +28,7 @@ def build_operator(
     """
     p = dict(spec.params)
     op: Operator
-    if spec.op in ("map", "filter", "flat_map") or (spec.op == "key_by" and spec.fn):
+    if spec.op in FN_OPERATORS or (spec.op == "key_by" and spec.fn):
         if spec.fn is None:
             msg = f"operator {spec.id!r} ({spec.op}) has no fn"
             raise OperatorError(msg)

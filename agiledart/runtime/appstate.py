@@ -144,7 +144,7 @@ class AppRecord:
     #: why the last epoch was abandoned, until a later one commits: epoch, instance,
     #: error, at
     checkpoint_error: dict[str, Any] | None = None
-    #: scale-outs and migrations carried out (agiledart.runtime.elastic)
+    #: scale-outs and migrations carried out (agiledart.runtime.scaling)
     rescales: list[dict[str, Any]] = field(default_factory=list)
     strategy: str = "join-routing"  #: the placement strategy used (spec ``placement``)
 
@@ -212,7 +212,7 @@ class AppRecord:
 def check_commit(cp: dict[str, Any]) -> None:
     """TypeError unless ``cp`` has the shape of a committed epoch (what recovery reads
     from it: :func:`~agiledart.runtime.epochs.restore_plan`,
-    :func:`~agiledart.runtime.checkpoints.holders_of`)."""
+    :func:`~agiledart.runtime.recovery.holders_of`)."""
     if type(cp.get("epoch")) is not int:
         msg = "checkpoint needs an integer 'epoch'"
         raise TypeError(msg)

@@ -111,7 +111,7 @@ def problems_of(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _scaling_view(stats: dict[str, Any]) -> dict[str, Any]:
     """Per operator (group): its instances in all (summed over its peers) and each
-    hosting peer's controller view (agiledart.runtime.elastic)."""
+    hosting peer's controller view (agiledart.runtime.scaling)."""
     out: dict[str, Any] = {}
     for peer, peer_stats in sorted(stats.items()):
         scaling = peer_stats.get("scaling") if isinstance(peer_stats, dict) else None

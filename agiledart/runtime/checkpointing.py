@@ -12,9 +12,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from agiledart.runtime.appstate import AppRecord, ScheduledApp
-from agiledart.runtime.checkpoints import holders_of
 from agiledart.runtime.epochs import CHECKPOINT_RATE, Epoch, Pacer, checkpointing
 from agiledart.runtime.links import Address
+from agiledart.runtime.recovery import holders_of
 
 if TYPE_CHECKING:
     from agiledart.runtime.scheduler import Scheduler

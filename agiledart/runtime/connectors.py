@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol, TextIO
 
 from agiledart.app.errors import ExecutionError
-from agiledart.app.local import source_batches
 from agiledart.app.spec import SinkSpec, SourceSpec
+from agiledart.local.executor import source_batches
 from agiledart.operators import Record
 
 if TYPE_CHECKING:

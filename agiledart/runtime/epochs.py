@@ -9,7 +9,7 @@ what follows on that channel is held back until E has come on every channel stil
 open (alignment, as in Flink's aligned checkpoints). At that moment every record
 before the cut has been processed and none after it: a stateful instance snapshots its
 operators, forwards E downstream and goes on; the snapshot is erasure-coded and stored
-on leaf-set peers in the background (:mod:`agiledart.runtime.checkpoints`). A sink
+on leaf-set peers in the background (:mod:`agiledart.runtime.recovery`). A sink
 commits what it wrote before E (a file sink: flushed, fsynced, its size noted). Each
 reports to the scheduler, which commits E once the sources, every stateful instance
 and every sink have reported; after a failure the app rolls back to the last committed

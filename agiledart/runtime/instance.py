@@ -8,7 +8,7 @@ hosts each node, peer addresses). Each peer builds an :class:`AppInstance` from 
 
 * **Tasks.** Every local source runs in its own task (the connector paces it). The
   local operators are split into *segments*: connected groups of operators joined by
-  local edges, each driven by one :class:`~agiledart.app.local.Executor` in one task
+  local edges, each driven by one :class:`~agiledart.local.executor.Executor` in one task
   that owns an inbox. A segment through which a path leaves the peer and comes back is
   split into single operators, so no task ever waits on a peer that waits on it (tasks
   form a DAG like the app, so back-pressure cannot deadlock).
@@ -54,18 +54,16 @@ import msgpack
 
 from agiledart.app.errors import ExecutionError
 from agiledart.app.functions import Resolver
-from agiledart.app.local import Emission, Executor
 from agiledart.app.spec import AppSpec
 from agiledart.dataplane import CreditWindow, KeyPartitioner
+from agiledart.local.executor import Emission, Executor
 from agiledart.operators import BoundedOutOfOrderness
 from agiledart.operators.base import FINAL_WATERMARK, MIN_WATERMARK, OperatorStats, Record
 from agiledart.overlay.errors import MalformedError, OverlayError
-from agiledart.runtime.checkpoints import CheckpointError, Holder, Uplink, fit_code, load, save
 from agiledart.runtime.code import code_ids_in
 from agiledart.runtime.confine import DataPolicy
 from agiledart.runtime.connectors import Sink, SourceConnector, open_sink, open_source
 from agiledart.runtime.deadletters import DeadLetters
-from agiledart.runtime.elastic import ElasticDriver
 from agiledart.runtime.epochs import Alignment, Channel
 from agiledart.runtime.errors import PeerLost
 from agiledart.runtime.execution import EngineConfig
@@ -73,6 +71,7 @@ from agiledart.runtime.execution.engines import Engine, InlineEngine, Unit
 from agiledart.runtime.links import Address, Links
 from agiledart.runtime.metrics import InstanceMeter, LatencyHistogram, quantile
 from agiledart.runtime.mqtt import BrokerPool, MqttSink, MqttSource
+from agiledart.runtime.recovery import CheckpointError, Holder, Uplink, fit_code, load, save
 from agiledart.runtime.replicas import (
     PARTITIONABLE_STATE,
     combine,
@@ -80,6 +79,7 @@ from agiledart.runtime.replicas import (
     split_records,
     split_snapshot,
 )
+from agiledart.runtime.scaling import ElasticDriver
 from agiledart.runtime.twophase import SpooledSink
 
 if TYPE_CHECKING:
@@ -448,7 +448,7 @@ class Segment:
         self.split_field: str | None = None  #: what splits a batch over the replicas
         self.resize_to: int | None = None  #: a change of the replica count, asked for
         self.resized = asyncio.Event()  #: set when a resize asked for is done
-        #: counters for the scaling controller (agiledart.runtime.elastic), cumulative
+        #: counters for the scaling controller (agiledart.runtime.scaling), cumulative
         self.arrived = 0  #: records put in the inbox
         self.executed = 0  #: records executed
         self.service_s = 0.0  #: execution time, summed over the replicas
@@ -614,7 +614,7 @@ class AppInstance:
                     self.groups.setdefault(producer, []).append((node_id, targets))
         self._split = {e for es in self.groups.values() for _, ts in es for e in ts}
         self._next_uid = len(self.segments)  #: the next replica's unit id
-        #: the scaling controllers of the operators here (agiledart.runtime.elastic)
+        #: the scaling controllers of the operators here (agiledart.runtime.scaling)
         self.elastic = ElasticDriver(self, spec.scaling, trace=trace, request=on_scaling)
         self.received: collections.Counter[str] = collections.Counter()
         self._partitioners: dict[int, KeyPartitioner] = {}
@@ -1191,7 +1191,7 @@ class AppInstance:
         seg.service_s += sum(u.service_s for u, _ in busy)
         return combine(outs), max((u.service_s for u, _ in busy), default=0.0)
 
-    # -- elastic scaling (agiledart.runtime.elastic, agiledart.runtime.replicas) ------
+    # -- elastic scaling (agiledart.runtime.scaling, agiledart.runtime.replicas) ------
 
     def resize(self, seg: Segment, replicas: int) -> asyncio.Event:
         """Ask ``seg`` for ``replicas`` replicas; done between two of its items (the

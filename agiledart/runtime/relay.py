@@ -55,7 +55,7 @@ import random
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -158,6 +158,105 @@ class _Unconfirmed:
     wait: float = RESEND_AFTER_S
 
 
+FlowKey = tuple[str, str, str]  #: (app, flow, destination)
+
+
+class Confirmations:
+    """The packets originated here that their destinations have not confirmed, per
+    flow, and which of them to send again when (sans-IO: the caller passes the loop
+    time and the ids of the packets still carried from here)."""
+
+    def __init__(self) -> None:
+        self._flows: dict[FlowKey, _Unconfirmed] = {}
+
+    def add(self, key: FlowKey, seq: int, packet: dict[str, Any], now: float) -> None:
+        out = self._flows.get(key)
+        if out is None:
+            out = self._flows[key] = _Unconfirmed(now + RESEND_AFTER_S)
+        out.packets[seq] = packet
+
+    def confirm(self, key: FlowKey, upto: int, now: float) -> int:
+        """The destination has everything up to ``upto``: how many packets that confirms."""
+        out = self._flows.get(key)
+        if out is None:
+            return 0
+        confirmed = [q for q in out.packets if q <= upto]
+        if not confirmed:
+            return 0
+        for seq in confirmed:
+            del out.packets[seq]
+        if not out.packets:
+            del self._flows[key]
+        else:
+            out.wait = RESEND_AFTER_S  # progress: the flow's clock starts again
+            out.due = now + out.wait
+        return len(confirmed)
+
+    def due(self, now: float, holding: Collection[str]) -> list[dict[str, Any]]:
+        """The oldest packets of the flows that made no progress in time, to send again
+        (none of a flow whose oldest packet is still carried from here); each such
+        flow waits twice as long for the next try, up to ``RESEND_MAX_S``."""
+        resend: list[dict[str, Any]] = []
+        for out in self._flows.values():
+            if out.due > now:
+                continue
+            oldest = list(itertools.islice(out.packets.values(), RESEND_BURST))
+            if oldest and oldest[0]["i"] in holding:  # still carried from here
+                out.due = now + out.wait
+                continue
+            out.wait = min(RESEND_MAX_S, 2 * out.wait)
+            out.due = now + out.wait
+            resend.extend(p for p in oldest if p["i"] not in holding)
+        return resend
+
+    def forget(self, app: str) -> int:
+        """Drop an app's flows: how many packets were still unconfirmed."""
+        keys = [k for k in self._flows if k[0] == app]
+        return sum(len(self._flows.pop(k).packets) for k in keys)
+
+
+class LinkLearning:
+    """What one peer learnt about its links (sans-IO): a KL-UCB planner per destination
+    (:class:`~agiledart.bandit.relay.HopPlanner`, seeded with the model's hop counts as
+    costs to go) and an acknowledgement timer per neighbour."""
+
+    def __init__(
+        self, *, name: str, model: LinkModel, exploration: float, ack_grace_s: float
+    ) -> None:
+        self.name, self.model = name, model
+        self.exploration, self.ack_grace_s = exploration, ack_grace_s
+        self.planners: dict[str, HopPlanner] = {}
+        self.timers: dict[str, AckTimer] = {}
+
+    def planner(self, dest: str) -> HopPlanner:
+        planner = self.planners.get(dest)
+        if planner is None:
+            hops = self.model.hops_to(dest)
+            planner = HopPlanner(exploration=self.exploration)
+            for w in self.model.neighbours(self.name):
+                planner.add_neighbour(w, cost_to_go=float(hops.get(w, math.inf)))
+            self.planners[dest] = planner
+        return planner
+
+    def cost_to_go(self, dest: str, sender: str, tau: int) -> float:
+        """This peer's learnt cost to ``dest`` for a packet from ``sender`` (never back)."""
+        return self.planner(dest).cost_to_go(max(1, tau), exclude=(sender,))
+
+    def timer(self, w: str) -> AckTimer:
+        timer = self.timers.get(w)
+        if timer is None:
+            timer = self.timers[w] = AckTimer(floor_s=ACK_FLOOR_S, ceiling_s=self.ack_grace_s)
+        return timer
+
+    def ack_timeout_ms(self) -> float:
+        """The mean acknowledgement timeout over the neighbours tried (the ceiling
+        before any): what a lost attempt costs beyond its slot, for ``optimal_ms``."""
+        timers = list(self.timers.values())
+        if not timers:
+            return self.ack_grace_s * 1000.0
+        return 1000.0 * sum(t.timeout_s for t in timers) / len(timers)
+
+
 class Relay:
     def __init__(
         self,
@@ -185,7 +284,9 @@ class Relay:
         self._deliver = deliver
         self._rng = random.Random(seed if seed is not None else secrets.randbits(64))
         self._incarnation = secrets.token_hex(4)
-        self._planners: dict[str, HopPlanner] = {}
+        self._learnt = LinkLearning(
+            name=name, model=model, exploration=exploration, ack_grace_s=self.ack_grace_s
+        )
         self._k: dict[str, int] = {}  #: packets originated per destination
         self._flow_seq: dict[tuple[str, str, str], int] = {}
         self._flows: dict[tuple[str, str, str], _Flow] = {}
@@ -196,10 +297,9 @@ class Relay:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._bug_logged = False
-        self._timers: dict[str, AckTimer] = {}
         self._holding: set[str] = set()  #: ids of the packets in this peer's custody
         #: packets originated here, per (app, flow, destination)
-        self._unconfirmed: dict[tuple[str, str, str], _Unconfirmed] = {}
+        self._unconfirmed = Confirmations()
         self._resender: asyncio.Task[None] | None = None
 
     def carries(self, dest: str) -> bool:
@@ -243,11 +343,8 @@ class Relay:
         self.stats.sent += 1
         self._remember(pid)
         self._holding.add(pid)
-        out = self._unconfirmed.get((app, flow, dest))
-        if out is None:
-            due = asyncio.get_running_loop().time() + RESEND_AFTER_S
-            out = self._unconfirmed[(app, flow, dest)] = _Unconfirmed(due)
-        out.packets[seq] = packet
+        now = asyncio.get_running_loop().time()
+        self._unconfirmed.add((app, flow, dest), seq, packet, now)
         self.stats.unconfirmed += 1
         if self._resender is None and not self._closed:
             self._resender = asyncio.ensure_future(self._resend_loop())
@@ -259,22 +356,10 @@ class Relay:
         loop = asyncio.get_running_loop()
         while not self._closed:
             await asyncio.sleep(RESEND_CHECK_S)
-            now = loop.time()
-            for out in list(self._unconfirmed.values()):
-                if out.due > now:
-                    continue
-                oldest = [p for p in itertools.islice(out.packets.values(), RESEND_BURST)]
-                if oldest and oldest[0]["i"] in self._holding:  # still carried from here
-                    out.due = now + out.wait
-                    continue
-                out.wait = min(RESEND_MAX_S, 2 * out.wait)
-                out.due = now + out.wait
-                for packet in oldest:
-                    if packet["i"] in self._holding:
-                        continue
-                    self.stats.resent += 1
-                    self._holding.add(packet["i"])
-                    self._spawn(self._forward({**packet, "p": [self.name]}))
+            for packet in self._unconfirmed.due(loop.time(), self._holding):
+                self.stats.resent += 1
+                self._holding.add(packet["i"])
+                self._spawn(self._forward({**packet, "p": [self.name]}))
 
     async def on_done(self, msg: dict[str, Any], conn: ConnectionInfo) -> None:
         """A destination confirms a flow's packets up to sequence ``q``."""
@@ -285,21 +370,10 @@ class Relay:
         if type(upto) is not int:
             err = "relay_done needs an integer 'q'"
             raise MalformedError(err)
-        key = (app, flow, dest)
-        out = self._unconfirmed.get(key)
-        if out is None or conn.peer_name != dest:  # only the destination confirms
+        if conn.peer_name != dest:  # only the destination confirms
             return
-        confirmed = [q for q in out.packets if q <= upto]
-        if not confirmed:
-            return
-        for seq in confirmed:
-            del out.packets[seq]
-        self.stats.unconfirmed -= len(confirmed)
-        if not out.packets:
-            del self._unconfirmed[key]
-            return
-        out.wait = RESEND_AFTER_S  # progress: the flow's clock starts again
-        out.due = asyncio.get_running_loop().time() + out.wait
+        now = asyncio.get_running_loop().time()
+        self.stats.unconfirmed -= self._unconfirmed.confirm((app, flow, dest), upto, now)
 
     async def _confirm(self, packet: dict[str, Any], upto: int) -> None:
         """Tell a flow's origin that everything up to ``upto`` arrived here."""
@@ -310,16 +384,6 @@ class Relay:
 
     # -- every hop ------------------------------------------------------------------------
 
-    def _planner(self, dest: str) -> HopPlanner:
-        planner = self._planners.get(dest)
-        if planner is None:
-            hops = self.model.hops_to(dest)
-            planner = HopPlanner(exploration=self.exploration)
-            for w in self.model.neighbours(self.name):
-                planner.add_neighbour(w, cost_to_go=float(hops.get(w, math.inf)))
-            self._planners[dest] = planner
-        return planner
-
     async def _forward(self, packet: dict[str, Any]) -> None:
         """Carry a packet this peer has custody of until a next hop takes it."""
         try:
@@ -329,7 +393,7 @@ class Relay:
 
     async def _carry(self, packet: dict[str, Any]) -> None:
         dest: str = packet["d"]
-        planner = self._planner(dest)
+        planner = self._learnt.planner(dest)
         refused: set[str] = set()
         while not self._closed:
             tau = int(packet["tau"])
@@ -353,7 +417,7 @@ class Relay:
                     self._bug_logged = True
                     log.exception("relay attempt to %s failed unexpectedly", w)
                 self.stats.failures += 1
-                await asyncio.sleep(self.model.slot_ms / 1000.0 + self._timer(w).timeout_s)
+                await asyncio.sleep(self.model.slot_ms / 1000.0 + self._learnt.timer(w).timeout_s)
                 outcome, ack, delay_ms = "lost", None, 0.0
             self.trace.emit(
                 "shuffle",
@@ -383,26 +447,12 @@ class Relay:
             if outcome == "ok":
                 return
 
-    def _timer(self, w: str) -> AckTimer:
-        timer = self._timers.get(w)
-        if timer is None:
-            timer = self._timers[w] = AckTimer(floor_s=ACK_FLOOR_S, ceiling_s=self.ack_grace_s)
-        return timer
-
-    def ack_timeout_ms(self) -> float:
-        """The mean acknowledgement timeout over the neighbours tried (the ceiling
-        before any): what a lost attempt costs beyond its slot, for ``optimal_ms``."""
-        timers = list(self._timers.values())
-        if not timers:
-            return self.ack_grace_s * 1000.0
-        return 1000.0 * sum(t.timeout_s for t in timers) / len(timers)
-
     async def _attempt(
         self, w: str, packet: dict[str, Any]
     ) -> tuple[str, dict[str, Any] | None, float]:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        timer = self._timer(w)
+        timer = self._learnt.timer(w)
         deadline = started + self.model.slot_ms / 1000.0 + timer.timeout_s
         self.stats.attempts += 1
         attempt = next(self._attempt_ids)
@@ -458,11 +508,13 @@ class Relay:
                 return
             if pid in self._holding:  # two copies met: the smaller name keeps its own
                 keep = self.name < sender
-                await self._ack(conn, attempt, keep, self._j(dest, sender, int(packet["tau"])))
+                await self._ack(
+                    conn, attempt, keep, self._learnt.cost_to_go(dest, sender, int(packet["tau"]))
+                )
                 return
             # passed on before: its copy is taken like a new packet
         if dest != self.name:
-            j = self._j(dest, sender, int(packet["tau"]))
+            j = self._learnt.cost_to_go(dest, sender, int(packet["tau"]))
             if math.isinf(j):
                 await self._ack(conn, attempt, False, j)
                 return
@@ -490,9 +542,6 @@ class Relay:
             self.stats.late_acks += 1
             return
         future.set_result(msg)
-
-    def _j(self, dest: str, sender: str, tau: int) -> float:
-        return self._planner(dest).cost_to_go(max(1, tau), exclude=(sender,))
 
     async def _ack(self, conn: ConnectionInfo, attempt: int, ok: bool, j: float) -> None:
         body = {"x": attempt, "ok": ok, "j": None if math.isinf(j) else j}
@@ -529,7 +578,7 @@ class Relay:
             path=list(packet["p"]),
             attempts=int(packet["n"]),
             delay_ms=round(time.time() * 1000.0 - float(packet["t0"]), 3),
-            optimal_ms=self.model.optimal_ms(packet["o"], self.name, self.ack_timeout_ms()),
+            optimal_ms=self.model.optimal_ms(packet["o"], self.name, self._learnt.ack_timeout_ms()),
             policy=POLICY,
             graph=self.model.name,
         )
@@ -557,8 +606,7 @@ class Relay:
             del self._flows[flow]
         for seq in [k for k in self._flow_seq if k[0] == app]:
             del self._flow_seq[seq]
-        for key in [k for k in self._unconfirmed if k[0] == app]:
-            self.stats.unconfirmed -= len(self._unconfirmed.pop(key).packets)
+        self.stats.unconfirmed -= self._unconfirmed.forget(app)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
@@ -598,7 +646,7 @@ class Relay:
                     }
                     for s in planner.links()
                 ]
-                for dest, planner in self._planners.items()
+                for dest, planner in self._learnt.planners.items()
             },
         }
 

@@ -32,8 +32,9 @@ from typing import Any
 import msgpack
 
 from agiledart.app.errors import ExecutionError
-from agiledart.app.local import Emission
+from agiledart.app.kinds import KEYED_OPERATORS
 from agiledart.dataplane.partition import stable_hash
+from agiledart.local.executor import Emission
 from agiledart.operators.base import Record
 
 __all__ = [
@@ -46,7 +47,7 @@ __all__ = [
 ]
 
 #: stateful kinds whose state is a set of per-key entries (and can be split by key)
-PARTITIONABLE_STATE = frozenset({"window", "aggregate", "dedupe", "join"})
+PARTITIONABLE_STATE = KEYED_OPERATORS
 
 
 def replica_of(key: Any, n: int) -> int:

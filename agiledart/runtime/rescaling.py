@@ -1,4 +1,4 @@
-"""Rescaling (agiledart.runtime.elastic): a controller asks the app's scheduler for a
+"""Rescaling (agiledart.runtime.scaling): a controller asks the app's scheduler for a
 scale-out (a stateless operator gets one more instance on a leaf-set peer) or a
 migration (a stateful operator's instance moves there with its state). The scheduler
 cuts a checkpoint, then redeploys the app from it, the recovery path: sources replay

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from agiledart.app.parse import Overrides, parse_spec
 from agiledart.app.spec import AppSpec
 from agiledart.errors import AgiledartError
+from agiledart.placement.survey import LinkDelays
 from agiledart.runtime import appstatus
 from agiledart.runtime.adoption import Adoption
 from agiledart.runtime.appstate import (
@@ -46,7 +47,6 @@ from agiledart.runtime.appstate import (
     ScheduledApp,
 )
 from agiledart.runtime.checkpointing import Checkpointer
-from agiledart.runtime.checkpoints import forget, holders_of
 from agiledart.runtime.code import CodeStore
 from agiledart.runtime.epochs import CHECKPOINT_RATE
 from agiledart.runtime.errors import DeployError, UnknownApp
@@ -55,10 +55,10 @@ from agiledart.runtime.hostcalls import HostCalls
 from agiledart.runtime.instance import Deployment
 from agiledart.runtime.links import Address, Links
 from agiledart.runtime.records import Records, record_key
+from agiledart.runtime.recovery import forget, holders_of
 from agiledart.runtime.rescaling import Rescaling
 from agiledart.runtime.submission import Submission
 from agiledart.runtime.tasks import TaskOwner
-from agiledart.strategies.survey import LinkDelays
 
 log = logging.getLogger(__name__)
 

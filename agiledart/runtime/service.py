@@ -39,7 +39,6 @@ from agiledart.overlay.leafset import Membership, MembershipEvent
 from agiledart.overlay.node import Delivery, OverlayNode
 from agiledart.overlay.routing import Contact
 from agiledart.overlay.tcp import ConnectionInfo, FrameServer
-from agiledart.runtime.checkpoints import SWEEP_S, FragmentStore, Holder, Uplink
 from agiledart.runtime.code import Bundle, CodeStore, code_ids_in, identifier
 from agiledart.runtime.confine import DataPolicy
 from agiledart.runtime.epochs import CHECKPOINT_RATE
@@ -51,6 +50,7 @@ from agiledart.runtime.links import Address, Links
 from agiledart.runtime.metrics import Buckets
 from agiledart.runtime.mqtt import SESSION_EXPIRY_S, BrokerPool
 from agiledart.runtime.records import Records, record_key
+from agiledart.runtime.recovery import SWEEP_S, FragmentStore, Holder, Uplink
 from agiledart.runtime.scheduler import APPS_DAYS, APPS_LIMIT, Scheduler
 from agiledart.traces import NullTraceWriter
 from agiledart.traces.writer import TraceWriter
@@ -146,7 +146,7 @@ class AppRuntime:
         self.rebound: dict[str, Address] = {}
         for type, handler in self.records.handlers().items():
             frames.route(type, handler)
-        #: checkpoint fragments this peer holds for others (agiledart.runtime.checkpoints)
+        #: checkpoint fragments this peer holds for others (agiledart.runtime.recovery)
         cap = None if link_model is None else link_model.bandwidth_mbit
         self.uplink = None if cap is None else Uplink(cap * 1e6 / 8)  #: emulated upload rate
         self.fragments = FragmentStore(state_dir / "fragments", uplink=self.uplink)
@@ -866,7 +866,7 @@ class AppRuntime:
         body = {"app_id": d.app_id, "report": report, "generation": d.generation}
         await self._tell(self._scheduler_of(d), "app_checkpoint", body)
 
-    # -- elastic scaling (agiledart.runtime.elastic) ------------------------------------
+    # -- elastic scaling (agiledart.runtime.scaling) ------------------------------------
 
     async def _ask_scaling(self, d: Deployment, body: dict[str, Any]) -> None:
         """A controller here wants a scale-out or a migration: ask the app's scheduler."""

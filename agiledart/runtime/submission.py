@@ -30,7 +30,8 @@ from agiledart.app.graph import chains
 from agiledart.app.parse import Overrides, parse_spec
 from agiledart.app.spec import AppSpec
 from agiledart.errors import AgiledartError
-from agiledart.placement import (
+from agiledart.placement import place_with
+from agiledart.placement.join import (
     DEFAULT_SLOT_LIMIT,
     Hop,
     NoCapacity,
@@ -39,15 +40,14 @@ from agiledart.placement import (
     PlacementError,
     place,
 )
+from agiledart.placement.survey import survey
 from agiledart.runtime.appstate import AppRecord, AppState, apps_index, utc_day
-from agiledart.runtime.checkpoints import fit_code
 from agiledart.runtime.code import code_ids_in
 from agiledart.runtime.epochs import checkpointing
 from agiledart.runtime.errors import CodeError, DeployError
 from agiledart.runtime.links import Address
 from agiledart.runtime.records import record_key
-from agiledart.strategies import place_with
-from agiledart.strategies.survey import survey
+from agiledart.runtime.recovery import fit_code
 
 if TYPE_CHECKING:
     from agiledart.runtime.scheduler import Scheduler
@@ -173,7 +173,7 @@ class Submission:
             paths = await self._join_paths(rec.app_id, spec, where, seen)
             infos, addresses = await self._path_peers(paths, seen)
             placement = place_somewhere(spec, paths, infos)
-        else:  # agiledart.strategies, over a survey of the ring
+        else:  # agiledart.placement, over a survey of the ring
             topology, addresses = await survey(
                 names=self.s.directory.names(),
                 pinned=sorted(where),

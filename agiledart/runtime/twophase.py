@@ -25,15 +25,21 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from itertools import takewhile
-from typing import Any, ClassVar, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from agiledart.app.errors import ExecutionError
+from agiledart.app.spec import SinkSpec
 from agiledart.operators import Record
 from agiledart.runtime.connectors import SinkStatistics
 from agiledart.runtime.spool import FINAL_EPOCH, Batch, Entry, Spool
 
+if TYPE_CHECKING:
+    from agiledart.runtime.confine import DataPolicy
+
 __all__ = [
     "BATCH_ROWS",
+    "DEFAULT_BUFFER_MB",
     "RETRY_S",
     "DestinationDown",
     "DestinationRefused",
@@ -48,6 +54,8 @@ T = TypeVar("T")
 RETRY_S = (0.2, 5.0)
 #: rows a sink without checkpoints sends in one batch, at most
 BATCH_ROWS = 5_000
+#: the default size of a sink's spool on disk, MiB (``buffer_mb``)
+DEFAULT_BUFFER_MB = 64
 
 
 class DestinationDown(ExecutionError):
@@ -81,26 +89,33 @@ class SpooledSink:
 
     def __init__(
         self,
-        sink_id: str,
+        spec: SinkSpec,
         *,
         app_id: str,
         instance: str,
-        spool: Spool,
+        out_dir: str | Path,
         checkpointed: bool,
-        flush_s: float,
-        committed: int | None,
+        resume: Mapping[str, Any] | None = None,
+        policy: DataPolicy | None = None,
     ) -> None:
-        self.id = sink_id
+        """The sink ``spec`` of ``instance``, its spool ``.<id>.spool`` in ``out_dir``
+        (``buffer_mb``), resumed at the epoch its checkpoint (``resume``) committed.
+        The subclass reads its own parameters first (:meth:`_configure`), so a bad one
+        is refused before anything touches the disk."""
+        self._columns: tuple[tuple[str, str], ...] | None = None
+        self._configure(spec, f"sink {spec.id!r}", Path(out_dir), policy)
+        p = spec.params
+        buffer_mb = int(p.get("buffer_mb", DEFAULT_BUFFER_MB))
+        self.id = spec.id
         self.app_id = app_id
         self.instance = instance
         self.checkpointed = checkpointed
         self.stats = SinkStatistics()
-        self.flush_s = flush_s
-        self.spool = spool
+        self.flush_s = int(p.get("flush_ms", 1000)) / 1000.0
+        self.spool = Spool(Path(out_dir) / f".{spec.id}.spool", buffer_mb * 1024 * 1024)
         #: the last epoch the app committed (rows up to it may go out)
-        self.committed = committed
+        self.committed = resumed_epoch(resume)
         self.spool.drop_after(self.committed)  # what came after is replayed
-        self._columns: tuple[tuple[str, str], ...] | None = None
         self._rows: list[Any] = []
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()  # one spool append at a time
@@ -114,6 +129,13 @@ class SpooledSink:
         self.overflowed = 0  #: entries refused by the full spool
 
     # -- what a subclass provides ------------------------------------------------------
+
+    def _configure(
+        self, spec: SinkSpec, owner: str, out_dir: Path, policy: DataPolicy | None
+    ) -> None:
+        """Read the subclass's own parameters of ``spec`` (``owner`` names the sink in
+        errors; ``policy`` confines paths and environment variables)."""
+        raise NotImplementedError
 
     def _rows_of(self, records: list[Record]) -> list[Any]:
         """``records`` as spool rows (JSON values)."""

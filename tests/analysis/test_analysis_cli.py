@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from agiledart.cli import main
+from agiledart.cli.entry import main
 
 BLOCK_PYSPARK = (
     "import sys; sys.modules['pyspark'] = None; "
-    "from agiledart.cli import main; sys.exit(main(sys.argv[1:]))"
+    "from agiledart.cli.entry import main; sys.exit(main(sys.argv[1:]))"
 )
 
 

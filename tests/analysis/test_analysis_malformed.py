@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from agiledart.analysis import Analysis, analyze
-from agiledart.cli import main
+from agiledart.cli.entry import main
 from agiledart.traces import TraceWriter
 
 from .traces import percentile_fits, read_csv

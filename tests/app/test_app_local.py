@@ -11,8 +11,8 @@ import pytest
 from agiledart import apps
 from agiledart.app import App, AppSpec, parse_spec
 from agiledart.app.errors import ExecutionError
-from agiledart.app.local import Emission, Executor, LocalRunner, run_local, source_batches
-from agiledart.app.reference import canonical, reference_outputs
+from agiledart.local.executor import Emission, Executor, LocalRunner, run_local, source_batches
+from agiledart.local.reference import canonical, reference_outputs
 from agiledart.operators import BoundedOutOfOrderness
 
 # sinks whose stream order is defined (a single path ending in a windowed operator)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agiledart.app import App, AppError, AppSpec
-from agiledart.placement import Hop, PeerInfo, PlacementError, place
+from agiledart.placement.join import Hop, PeerInfo, PlacementError, place
 
 
 def hops(*peers: str, capacity: float = 1.0) -> list[Hop]:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agiledart.app.errors import OperatorError
-from agiledart.app.reference import _windows as reference_windows
+from agiledart.local.reference import _windows as reference_windows
 from agiledart.operators import FINAL_WATERMARK, Window
 
 

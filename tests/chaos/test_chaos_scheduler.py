@@ -26,7 +26,7 @@ from support.processes import cli_json, formed_cluster, poll, try_cli_json
 
 from agiledart.app import parse_spec
 from agiledart.apps.probes import counting
-from agiledart.emulate import LocalCluster, site_name
+from agiledart.emulation import LocalCluster, site_name
 
 pytestmark = [pytest.mark.processes]
 

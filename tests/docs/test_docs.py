@@ -36,7 +36,7 @@ from agiledart.app.spec import (
     SINK_CONNECTORS,
     SOURCE_CONNECTORS,
 )
-from agiledart.cli import build_parser
+from agiledart.cli.entry import build_parser
 from agiledart.datasets import DATASETS, generate
 
 ROOT = Path(__file__).resolve().parents[2]

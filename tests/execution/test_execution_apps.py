@@ -20,7 +20,7 @@ from support.apps import check_outputs, log_sizes, quick
 from support.processes import cli, cli_json, formed_cluster, poll
 
 from agiledart import apps
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from agiledart import apps
-from agiledart.app.local import Executor
 from agiledart.app.parse import parse_spec
 from agiledart.datasets import generate_batches
+from agiledart.local.executor import Executor
 from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.execution.engines import PROBE_RECORDS, Unit, make_engine
 from agiledart.runtime.execution.host import TurnFailed, WorkerProcess

@@ -19,8 +19,8 @@ from support.processes import cli_json, formed_cluster, free_port, poll
 from support.webhook import Receiver, running_receiver
 
 from agiledart.app import parse_spec
-from agiledart.app.reference import canonical, reference_outputs
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
+from agiledart.local.reference import canonical, reference_outputs
 
 pytestmark = [pytest.mark.processes]
 

@@ -23,9 +23,9 @@ from support.mqtt import Broker, Subscriber
 from support.processes import cli_json, formed_cluster, poll
 
 from agiledart.app import parse_spec
-from agiledart.app.reference import canonical, reference_outputs
 from agiledart.datasets import generate
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
+from agiledart.local.reference import canonical, reference_outputs
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 

@@ -23,8 +23,8 @@ from support.mqtt import Broker
 from support.processes import cli_json, formed_cluster, poll
 
 from agiledart.app import parse_spec
-from agiledart.app.reference import canonical, reference_outputs
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
+from agiledart.local.reference import canonical, reference_outputs
 from agiledart.runtime.mqtt.pool import ID_PROPERTY
 from agiledart.runtime.mqtt.sink import message_id
 from agiledart.runtime.spool import FINAL_EPOCH

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from support.processes import clusters
 
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 
 
 @pytest.fixture

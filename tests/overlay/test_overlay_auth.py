@@ -267,7 +267,7 @@ def test_a_rename_is_made_durable_by_syncing_its_directory(
     import stat
 
     from agiledart.overlay.files import atomic_write
-    from agiledart.runtime import checkpoints
+    from agiledart.runtime import recovery as checkpoints
 
     synced: list[str] = []
     real_fsync = os.fsync

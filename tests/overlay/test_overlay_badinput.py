@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from support.processes import cli_json, poll
 
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 from agiledart.overlay import codec, ids
 from agiledart.overlay.auth import HEADER, MAC, ClusterKey, DatagramAuth
 from agiledart.overlay.errors import BadMessage

@@ -21,7 +21,7 @@ import pytest
 from support.processes import free_port, poll
 
 from agiledart import apps
-from agiledart.app.reference import canonical, reference_outputs
+from agiledart.local.reference import canonical, reference_outputs
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 from support.processes import cli, poll, try_cli_json
 
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support.processes import cli, cli_json, free_port, poll, try_cli_json
 
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 from agiledart.overlay.keys import make_key_text
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from support.processes import free_port, poll
 
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 from agiledart.overlay.keys import make_key_text, parse_keys
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]

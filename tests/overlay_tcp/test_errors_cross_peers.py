@@ -22,9 +22,10 @@ from agiledart.errors import (
     error_to_wire,
 )
 from agiledart.overlay.auth import ClusterKey
+from agiledart.overlay.channel import remote_error
 from agiledart.overlay.errors import ClockSkewError, MalformedError, RemoteError
 from agiledart.overlay.frames import Reply
-from agiledart.overlay.tcp import ConnectionInfo, FrameClient, FrameServer, _remote_error
+from agiledart.overlay.tcp import ConnectionInfo, FrameClient, FrameServer
 from agiledart.runtime.errors import CodeError, PeerLost, UnknownApp
 from agiledart.runtime.execution.host import TurnFailed
 
@@ -83,7 +84,7 @@ def test_an_unregistered_class_crosses_as_its_nearest_registered_ancestor() -> N
 
 
 def test_a_name_not_known_here_is_a_remote_error_that_keeps_the_name() -> None:
-    error = _remote_error(Reply(1, False, None, "SomethingNew", "it broke", None), "p2")
+    error = remote_error(Reply(1, False, None, "SomethingNew", "it broke", None), "p2")
     assert isinstance(error, RemoteError)
     assert (error.error_type, error.remote_message, error.remote_peer) == (
         "SomethingNew",
@@ -93,7 +94,7 @@ def test_a_name_not_known_here_is_a_remote_error_that_keeps_the_name() -> None:
 
 
 def test_a_remote_error_names_the_peer_that_raised_it() -> None:
-    error = _remote_error(Reply(1, False, None, "UnknownApp", "no app a1", None), "p2")
+    error = remote_error(Reply(1, False, None, "UnknownApp", "no app a1", None), "p2")
     assert isinstance(error, UnknownApp)
     assert error.remote_peer == "p2"
     assert UnknownApp("raised here").remote_peer is None
@@ -116,7 +117,7 @@ HOSTILE_FIELDS = [
 
 @pytest.mark.parametrize(("name", "fields"), HOSTILE_FIELDS)
 def test_fields_that_do_not_fit_their_class_are_a_malformed_reply(name: str, fields: Any) -> None:
-    error = _remote_error(Reply(1, False, None, name, "m", fields), "evil")
+    error = remote_error(Reply(1, False, None, name, "m", fields), "evil")
     assert isinstance(error, MalformedError)
     assert error.remote_peer == "evil"
 
@@ -124,9 +125,9 @@ def test_fields_that_do_not_fit_their_class_are_a_malformed_reply(name: str, fie
 def test_an_oversized_message_is_a_malformed_reply_and_an_oversized_name_is_cut() -> None:
     huge = "x" * (MAX_WIRE_MESSAGE + 1)
     assert isinstance(
-        _remote_error(Reply(1, False, None, "UnknownApp", huge, None), "e"), MalformedError
+        remote_error(Reply(1, False, None, "UnknownApp", huge, None), "e"), MalformedError
     )
-    unknown = _remote_error(Reply(1, False, None, "N" * 100_000, huge, None), "e")
+    unknown = remote_error(Reply(1, False, None, "N" * 100_000, huge, None), "e")
     assert isinstance(unknown, RemoteError)
     assert len(unknown.error_type) <= 64
     assert len(unknown.remote_message) <= 1000
@@ -153,7 +154,7 @@ msgpack_values = st.recursive(
     fields=msgpack_values,
 )
 def test_any_error_reply_becomes_one_of_our_errors(name: str, message: str, fields: Any) -> None:
-    error = _remote_error(Reply(1, False, None, name, message, fields), "fuzz")
+    error = remote_error(Reply(1, False, None, name, message, fields), "fuzz")
     assert isinstance(error, AgiledartError)
     assert error.remote_peer == "fuzz"
 
@@ -177,7 +178,7 @@ def _lying_to_wire(error: AgiledartError) -> tuple[str, str, dict[str, Any]]:
 async def test_a_hostile_error_reply_fails_that_request_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("agiledart.overlay.tcp.error_to_wire", _lying_to_wire)
+    monkeypatch.setattr("agiledart.overlay.channel.error_to_wire", _lying_to_wire)
 
     async def lies(request: dict[str, Any], conn: ConnectionInfo) -> Any:
         raise _Lie

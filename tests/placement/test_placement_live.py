@@ -2,7 +2,7 @@
 
 The bundled ETL app is submitted with ``placement: rtr`` and ``placement: lb``; its
 output must equal the plain-Python reference exactly, and the placement ``status``
-shows must be the one :func:`agiledart.strategies.place_with` computes from the same
+shows must be the one :func:`agiledart.placement.place_with` computes from the same
 ring answers and link model.
 """
 
@@ -20,10 +20,10 @@ from support.apps import check_outputs, quick
 from support.processes import cli_json, free_port, poll
 
 from agiledart import apps
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
+from agiledart.placement import place_with
+from agiledart.placement.survey import topology_of
 from agiledart.runtime.linkmodel import LinkModel
-from agiledart.strategies import place_with
-from agiledart.strategies.survey import topology_of
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 

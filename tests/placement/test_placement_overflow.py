@@ -15,7 +15,7 @@ import pytest
 
 from agiledart import apps
 from agiledart.app.parse import parse_spec
-from agiledart.placement import Hop, PeerInfo, place
+from agiledart.placement.join import Hop, PeerInfo, place
 from agiledart.runtime.submission import path_peer_infos
 
 NAMES = ("sensor-1", "sensor-2", "gateway-1", "gateway-2", "edge-1", "edge-2")

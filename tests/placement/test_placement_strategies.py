@@ -10,7 +10,7 @@ import pytest
 from agiledart import apps
 from agiledart.app import SpecError, parse_spec
 from agiledart.app.spec import PLACEMENTS, AppSpec
-from agiledart.strategies import (
+from agiledart.placement import (
     STRATEGIES,
     Host,
     Network,
@@ -22,7 +22,7 @@ from agiledart.strategies import (
     regions,
     split_points,
 )
-from agiledart.strategies.survey import topology_of
+from agiledart.placement.survey import topology_of
 
 # sensor --1 ms-- gateway --40 ms-- cloud
 EDGE_CLOUD = Topology.of(

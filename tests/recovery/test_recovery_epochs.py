@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agiledart.app.spec import SinkSpec, SourceSpec
-from agiledart.runtime.checkpoints import Uplink
 from agiledart.runtime.connectors import FileSink, Source
 from agiledart.runtime.epochs import Alignment
+from agiledart.runtime.recovery import Uplink
 
 A, B, C = ("op", "p1"), ("op", "p2"), ("src", "p3")
 

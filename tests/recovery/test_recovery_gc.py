@@ -13,7 +13,7 @@ from support.processes import cli, cli_json, formed_cluster, poll
 
 from agiledart import apps
 from agiledart.app import parse_spec
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 

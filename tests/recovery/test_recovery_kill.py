@@ -20,7 +20,7 @@ from support.processes import cli_json, formed_cluster, poll
 
 from agiledart.app import parse_spec
 from agiledart.apps.probes import counting
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 
 pytestmark = [pytest.mark.processes]
 

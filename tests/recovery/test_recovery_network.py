@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import pytest
 from support.processes import formed_cluster
 
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 from agiledart.overlay.errors import MalformedError
-from agiledart.runtime.checkpoints import CheckpointError, Holder, load, save
 from agiledart.runtime.links import Links
+from agiledart.runtime.recovery import CheckpointError, Holder, load, save
 
 pytestmark = [pytest.mark.processes]
 

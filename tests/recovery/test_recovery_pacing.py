@@ -16,7 +16,7 @@ from collections import defaultdict
 import pytest
 from support.apps import running_record
 
-from agiledart.cli import build_parser
+from agiledart.cli.entry import build_parser
 from agiledart.runtime.appstatus import status_view
 from agiledart.runtime.epochs import CHECKPOINT_RATE, Pacer
 

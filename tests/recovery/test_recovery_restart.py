@@ -20,7 +20,7 @@ from test_recovery_kill import ERASURE, committed, finished, submit
 
 from agiledart.app import parse_spec
 from agiledart.apps.probes import counting
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 
 pytestmark = [pytest.mark.processes]
 

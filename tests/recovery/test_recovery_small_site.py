@@ -18,8 +18,8 @@ import yaml
 from support.processes import cli, cli_json, formed_cluster, poll
 
 from agiledart.apps.probes import counting
-from agiledart.emulate import LocalCluster
-from agiledart.runtime.checkpoints import fit_code
+from agiledart.emulation import LocalCluster
+from agiledart.runtime.recovery import fit_code
 
 pytestmark = [pytest.mark.processes]
 

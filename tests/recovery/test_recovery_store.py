@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agiledart.recovery import encode
-from agiledart.runtime.checkpoints import CheckpointError, FragmentStore, StoreFull
+from agiledart.runtime.recovery import CheckpointError, FragmentStore, StoreFull
 
 CONN: Any = None  # the handlers read the connection only to name a refused sender
 

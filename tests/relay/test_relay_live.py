@@ -21,7 +21,7 @@ from support.processes import cli_json, formed_cluster, poll
 from agiledart import apps
 from agiledart.app import parse_spec
 from agiledart.bandit import Graph, save_graph
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 from agiledart.overlay.tcp import FrameClient
 from agiledart.runtime.linkmodel import LinkModel
 

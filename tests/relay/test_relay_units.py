@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agiledart.bandit import Graph, save_graph
-from agiledart.emulate import _peers_for_links, relay_totals
+from agiledart.cli.emulate import _peers_for_links, relay_totals
 from agiledart.errors import AgiledartError
 from agiledart.overlay.auth import ClusterKey
 from agiledart.overlay.errors import MalformedError

@@ -28,7 +28,7 @@ import pytest
 from support.processes import cli, cli_json, clusters, free_port, poll
 
 from agiledart.app.errors import SpecError
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 from agiledart.errors import AgiledartError
 
 pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.timeout(900)]

@@ -17,8 +17,8 @@ from support.processes import cli, cli_json, formed_cluster, poll
 
 from agiledart import apps
 from agiledart.app import load_spec, parse_spec
-from agiledart.app.reference import canonical, reference_outputs
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
+from agiledart.local.reference import canonical, reference_outputs
 from agiledart.runtime.instance import InstanceOptions
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]

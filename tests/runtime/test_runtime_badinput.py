@@ -18,7 +18,7 @@ from support.processes import formed_cluster
 from agiledart import apps
 from agiledart.app import AppSpec, parse_spec
 from agiledart.app.errors import ExecutionError, SpecError
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 from agiledart.errors import AgiledartError
 from agiledart.operators.base import FINAL_WATERMARK
 from agiledart.overlay.errors import PeerUnreachable

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from agiledart import cli
+from agiledart.cli import entry as cli
 
 
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -55,7 +55,7 @@ def test_a_command_built_alone_parses_as_in_the_whole_parser() -> None:
 def test_a_query_does_not_load_the_runtime() -> None:
     probe = (
         "import json, sys\n"
-        "from agiledart.cli import main\n"
+        "from agiledart.cli.entry import main\n"
         "code = main(['ring', '--via', '127.0.0.1:1', '--insecure', '--timeout', '0.2'])\n"
         "print(json.dumps([code, sorted(m for m in sys.modules if m.startswith('agiledart'))]))\n"
     )
@@ -65,5 +65,5 @@ def test_a_query_does_not_load_the_runtime() -> None:
     code, modules = json.loads(proc.stdout.splitlines()[-1])
     assert code == 1  # nobody listens on port 1: a reported error
     assert "Error:" in proc.stderr
-    for heavy in ("agiledart.peer", "agiledart.emulate", "agiledart.runtime.scheduler"):
+    for heavy in ("agiledart.peer", "agiledart.cli.emulate", "agiledart.runtime.scheduler"):
         assert heavy not in modules

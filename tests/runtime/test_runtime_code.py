@@ -14,8 +14,8 @@ import pytest
 from support.processes import cli, cli_json, formed_cluster
 
 from agiledart.app import parse_spec
-from agiledart.app.reference import canonical, reference_outputs
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
+from agiledart.local.reference import canonical, reference_outputs
 from agiledart.runtime.code import Bundle, CodeStore
 from agiledart.runtime.records import record_key
 

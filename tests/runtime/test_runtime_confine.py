@@ -14,7 +14,7 @@ from support.processes import cli, cli_json, formed_cluster
 
 from agiledart.app import parse_spec
 from agiledart.app.errors import ExecutionError
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 from agiledart.runtime.instance import Deployment
 
 pytestmark = [pytest.mark.processes]

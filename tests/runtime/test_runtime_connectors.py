@@ -13,9 +13,9 @@ import pytest
 
 from agiledart.app import parse_spec
 from agiledart.app.errors import ExecutionError
-from agiledart.app.local import source_batches
 from agiledart.app.spec import SinkSpec, SourceSpec
 from agiledart.datasets import read_file
+from agiledart.local.executor import source_batches
 from agiledart.operators import Record
 from agiledart.runtime.connectors import (
     FileSink,

@@ -10,8 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from agiledart import apps
-from agiledart.emulate import (
-    LocalCluster,
+from agiledart.cli.emulate import (
     Progress,
     hosted,
     progress_view,
@@ -21,6 +20,7 @@ from agiledart.emulate import (
     summary_text,
     unique_paths,
 )
+from agiledart.emulation import LocalCluster
 
 NAMES = ("sensor-1", "sensor-2", "gateway-1", "gateway-2", "edge-1")
 OUT = "/w/gateway-1/output/urban-sensing-abc123"

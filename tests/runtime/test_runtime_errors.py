@@ -21,7 +21,7 @@ from support.mqtt import Broker, Subscriber, mosquitto_binary
 from support.processes import cli, cli_json, formed_cluster, free_port, poll
 
 from agiledart.datasets import generate
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 
 pytestmark = [pytest.mark.processes]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agiledart.cli import build_parser
+from agiledart.cli.entry import build_parser
 from agiledart.overlay.auth import ClusterKey
 from agiledart.overlay.tcp import ConnectionInfo, FrameServer
 from agiledart.peer import Peer, PeerConfig

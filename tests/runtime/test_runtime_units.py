@@ -509,7 +509,7 @@ def test_status_of_an_app_without_statistics_has_zero_totals() -> None:
 
 
 async def test_registered_code_that_exits_at_run_time_is_a_bad_record(tmp_path: Path) -> None:
-    from agiledart.app.local import Executor
+    from agiledart.local.executor import Executor
 
     store = CodeStore(None, tmp_path)
     code_id = await store.register(b"def leave(r):\n    raise SystemExit(5)\n")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support.processes import free_port, poll
 
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 from agiledart.overlay.errors import ConfigError
 from agiledart.statedir import StateDirLock, default_state_dir
 

@@ -1,4 +1,4 @@
-"""The peer-side driver of the scaling controllers (agiledart.runtime.elastic): live
+"""The peer-side driver of the scaling controllers (agiledart.runtime.scaling): live
 counters in, measurements and actions out; a fake instance and a manual clock."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from agiledart.app import parse_spec
 from agiledart.app.spec import ScalingSpec
-from agiledart.runtime.elastic import ElasticDriver, Sample, rates
+from agiledart.runtime.scaling import ElasticDriver, Sample, rates
 
 
 @dataclass
@@ -191,7 +191,7 @@ def test_the_service_rate_counts_the_time_spent_waiting_for_the_links() -> None:
 
 
 def test_an_app_that_does_not_scale_is_scored_less_often_unless_traced() -> None:
-    from agiledart.runtime.elastic import IDLE_INTERVAL_S
+    from agiledart.runtime.scaling import IDLE_INTERVAL_S
     from agiledart.traces import NullTraceWriter
 
     class Traced:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from agiledart import apps
-from agiledart.app.local import Emission, Executor
 from agiledart.datasets import generate_batches
+from agiledart.local.executor import Emission, Executor
 from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.execution.engines import Engine, Unit, make_engine
 from agiledart.runtime.replicas import combine, merge_snapshots, split_records, split_snapshot

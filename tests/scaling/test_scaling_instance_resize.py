@@ -12,7 +12,7 @@ from typing import Any
 
 from agiledart.app import parse_spec
 from agiledart.app.functions import builtin_resolver
-from agiledart.app.reference import canonical, reference_outputs
+from agiledart.local.reference import canonical, reference_outputs
 from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.execution.engines import make_engine
 from agiledart.runtime.instance import AppInstance, Deployment

@@ -24,7 +24,7 @@ from support.processes import cli, cli_json, formed_cluster, poll
 
 from agiledart.app import parse_spec
 from agiledart.bandit import Graph, save_graph
-from agiledart.emulate import LocalCluster, site_name
+from agiledart.emulation import LocalCluster, site_name
 
 pytestmark = [pytest.mark.processes]
 

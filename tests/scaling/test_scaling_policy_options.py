@@ -1,4 +1,4 @@
-"""The controller options the peers' driver turns on (agiledart.runtime.elastic): the
+"""The controller options the peers' driver turns on (agiledart.runtime.scaling): the
 first step up through the origin, no step down to a count predicted short of f*, a
 stabilisation window for steps down, and forgetting the secant's points when the cost
 of a record changed for good (not for one noisy second)."""

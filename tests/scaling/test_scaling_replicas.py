@@ -13,7 +13,7 @@ import pytest
 
 from agiledart.app import parse_spec
 from agiledart.app.errors import ExecutionError
-from agiledart.app.local import Emission, Executor
+from agiledart.local.executor import Emission, Executor
 from agiledart.operators.base import FINAL_WATERMARK
 from agiledart.runtime.replicas import (
     combine,

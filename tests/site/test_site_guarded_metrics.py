@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.processes import clusters, free_port, poll
 
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 from agiledart.overlay.keys import make_key_text
 from agiledart.site import dashboard_token
 from agiledart.site.service import metrics_host

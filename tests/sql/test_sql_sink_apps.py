@@ -21,8 +21,8 @@ from support.postgres import PASSWORD, Postgres
 from support.processes import cli, cli_json, formed_cluster, poll
 
 from agiledart.app import parse_spec
-from agiledart.app.reference import canonical, reference_outputs
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
+from agiledart.local.reference import canonical, reference_outputs
 
 pytestmark = [pytest.mark.processes]
 

@@ -18,7 +18,7 @@ from support.postgres import PASSWORD, Postgres
 from agiledart.app import SpecError, parse_spec
 from agiledart.app.errors import ExecutionError
 from agiledart.app.spec import SinkSpec
-from agiledart.cli_apps import _print_status
+from agiledart.cli.apps import _print_status
 from agiledart.runtime.confine import DataPolicy, EnvNotAllowed, PathNotAllowed
 from agiledart.runtime.connectors import open_sink
 from agiledart.runtime.instance import _connection_of

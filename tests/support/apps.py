@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from agiledart.app import AppSpec
-from agiledart.app.reference import canonical, reference_outputs
 from agiledart.datasets import read_file
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
+from agiledart.local.reference import canonical, reference_outputs
 from agiledart.runtime.appstate import AppRecord
 from agiledart.runtime.connectors import open_sink
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 
 
 def free_port() -> int:
@@ -99,7 +99,7 @@ def clusters(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
 def formed_cluster(
     root: Path, peers: int, extra_args: Sequence[str] = ()
 ) -> Iterator[LocalCluster]:
-    """One cluster of ``peers`` processes (named as :func:`agiledart.emulate.site_name`
+    """One cluster of ``peers`` processes (named as :func:`agiledart.cli.emulate.site_name`
     does, started with ``extra_args``), yielded once its ring has formed; torn down after."""
     with clusters(root) as make:
         cluster = make(peers, extra_args)

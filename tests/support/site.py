@@ -8,7 +8,7 @@ from typing import Any
 
 from support.processes import cli_json
 
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 from agiledart.site import dashboard_token
 
 PEERS = 6

@@ -16,7 +16,7 @@ import yaml
 from support.processes import cli_json, free_port, poll
 
 from agiledart.app.errors import SpecError
-from agiledart.emulate import LocalCluster
+from agiledart.emulation import LocalCluster
 
 pytestmark = [pytest.mark.processes]
 

@@ -226,11 +226,11 @@ def test_an_advert_survives_the_wire() -> None:
     assert SchedulerAd.from_wire(ad.to_wire()) == ad
 
 
-# -- the live wire form of an answer (agiledart.runtime.zoning) ------------------------------
+# -- the live wire form of an answer (agiledart.runtime.zones) ------------------------------
 
 
 def test_a_walk_answer_survives_the_wire() -> None:
-    from agiledart.runtime.zoning import _answer_from_wire, _answer_to_wire
+    from agiledart.runtime.zones import _answer_from_wire, _answer_to_wire
 
     answer = Answer(
         Candidate("a", "z", node_id=7, cores=4, capacity=0.5, address=("10.0.0.1", 4000)),
@@ -243,7 +243,7 @@ def test_a_walk_answer_survives_the_wire() -> None:
 @given(st.recursive(st.none() | st.integers() | st.text(max_size=5), st.lists, max_leaves=8))
 @settings(max_examples=100, deadline=None)
 def test_any_garbage_answer_is_a_zone_error(raw: object) -> None:
-    from agiledart.runtime.zoning import _answer_from_wire
+    from agiledart.runtime.zones import _answer_from_wire
 
     with contextlib.suppress(ZoneError):  # anything else fails the test
         _answer_from_wire({"peer": raw, "ads": raw, "neighbours": raw})

@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agiledart.app.errors import ExecutionError
-from agiledart.app.local import Emission, Executor
 from agiledart.app.spec import AppSpec
+from agiledart.local.executor import Emission, Executor
 from agiledart.operators.base import OperatorStats
 from agiledart.runtime.execution.config import EngineConfig
 from agiledart.runtime.execution.host import WorkerDied, WorkerProcess

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agiledart.app.local import Executor
 from agiledart.app.parse import parse_spec
 from agiledart.app.spec import AppSpec
+from agiledart.local.executor import Executor
 from agiledart.operators.base import OperatorStats
 from agiledart.runtime.execution.wire import WorkerGone, pack, recv_frame
 

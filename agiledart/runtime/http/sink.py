@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import secrets
-from collections.abc import Mapping
 from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -19,12 +18,12 @@ from agiledart.app.errors import ExecutionError
 from agiledart.app.spec import SinkSpec
 from agiledart.operators import Record
 from agiledart.runtime.connectors import json_line
-from agiledart.runtime.spool import FINAL_EPOCH, Entry, Spool
+from agiledart.runtime.spool import FINAL_EPOCH, Entry
 from agiledart.runtime.twophase import (
+    DEFAULT_BUFFER_MB,
     DestinationDown,
     DestinationRefused,
     SpooledSink,
-    resumed_epoch,
 )
 
 if TYPE_CHECKING:
@@ -41,7 +40,6 @@ __all__ = [
 ]
 
 #: the store-and-forward buffer of a sink that sets no ``buffer_mb``
-DEFAULT_BUFFER_MB = 64
 #: records in one POST, at most, when the spec sets no ``batch_records``
 DEFAULT_BATCH_RECORDS = 500
 #: statuses worth trying again (the endpoint is busy or timed out), beside 5xx
@@ -86,19 +84,10 @@ class HttpSink(SpooledSink):
     unit: ClassVar[str] = "records"
     path: Path | None = None
 
-    def __init__(
-        self,
-        spec: SinkSpec,
-        *,
-        app_id: str,
-        instance: str,
-        out_dir: str | Path,
-        checkpointed: bool,
-        resume: Mapping[str, Any] | None = None,
-        policy: DataPolicy | None = None,
+    def _configure(
+        self, spec: SinkSpec, owner: str, out_dir: Path, policy: DataPolicy | None
     ) -> None:
         p = spec.params
-        owner = f"sink {spec.id!r}"
         self.url = str(p["url"])
         headers = {str(k): str(v) for k, v in dict(p.get("headers", {})).items()}
         env = p.get("token_env")
@@ -109,18 +98,8 @@ class HttpSink(SpooledSink):
         self.headers = headers
         self.batch_records = int(p.get("batch_records", DEFAULT_BATCH_RECORDS))
         self.timeout_s = int(p.get("timeout_ms", 10_000)) / 1000.0
-        buffer_mb = int(p.get("buffer_mb", DEFAULT_BUFFER_MB))
-        super().__init__(
-            spec.id,
-            app_id=app_id,
-            instance=instance,
-            spool=Spool(Path(out_dir) / f".{spec.id}.spool", buffer_mb * 1024 * 1024),
-            checkpointed=checkpointed,
-            flush_s=int(p.get("flush_ms", 1000)) / 1000.0,
-            committed=resumed_epoch(resume),
-        )
         #: there once the endpoint took the whole output (a later replay sends nothing)
-        self._marker = Path(out_dir) / f".{spec.id}.complete"
+        self._marker = out_dir / f".{spec.id}.complete"
         #: batches without checkpoints: keys unique to this opening (at-least-once)
         self._run = secrets.token_hex(4)
         self._session: aiohttp.ClientSession | None = None

@@ -22,7 +22,7 @@ import secrets
 from collections.abc import Mapping
 from itertools import groupby
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from agiledart.app.errors import ExecutionError
 from agiledart.app.spec import SinkSpec
@@ -31,8 +31,11 @@ from agiledart.operators import Record
 from agiledart.runtime.connectors import SinkStatistics, json_line
 from agiledart.runtime.mqtt.core import BrokerOptions, encode_payload
 from agiledart.runtime.mqtt.pool import PUBLISH_WINDOW, BrokerPool
-from agiledart.runtime.spool import FINAL_EPOCH, Entry, Spool
-from agiledart.runtime.twophase import DestinationDown, SpooledSink, resumed_epoch
+from agiledart.runtime.spool import FINAL_EPOCH, Entry
+from agiledart.runtime.twophase import DEFAULT_BUFFER_MB, DestinationDown, SpooledSink
+
+if TYPE_CHECKING:
+    from agiledart.runtime.confine import DataPolicy
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +208,6 @@ class MqttSink:
             st.dropped += 1
 
 
-#: the store-and-forward buffer of a checkpointed sink that sets no ``buffer_mb``
-DEFAULT_BUFFER_MB = 64
 #: the payload field carrying a message's id, with ``id_in_payload``
 ID_FIELD = "agiledart_id"
 
@@ -245,33 +246,35 @@ class MqttEpochSink(SpooledSink):
         out_dir: str | Path,
         resume: Mapping[str, Any] | None = None,
     ) -> None:
-        p = spec.params
-        self.broker = BrokerOptions.from_params(p, owner=f"sink {spec.id!r}")
-        try:
-            self.topic = TopicTemplate(p["topic"])
-        except ValueError as exc:
-            msg = f"sink {spec.id!r}: {exc}"
-            raise ExecutionError(msg) from None
-        self.format: str = p.get("format", "json")
-        self.id_in_payload = bool(p.get("id_in_payload", False))
-        if self.format not in ("json", "msgpack"):
-            msg = f"sink {spec.id!r}: need format json or msgpack"
-            raise ExecutionError(msg)
-        buffer_mb = int(p.get("buffer_mb", DEFAULT_BUFFER_MB))
         super().__init__(
-            spec.id,
+            spec,
             app_id=app_id,
             instance=instance,
-            spool=Spool(Path(out_dir) / f".{spec.id}.spool", buffer_mb * 1024 * 1024),
+            out_dir=out_dir,
             checkpointed=True,
-            flush_s=1.0,
-            committed=resumed_epoch(resume),
+            resume=resume,
         )
         self._marker = Path(out_dir) / f".{spec.id}.complete"
         self._run = secrets.token_hex(4)  #: tags rows never sealed into an epoch
         #: (first entry's seq, messages of it acknowledged) of a delivery cut short
         self._acked: tuple[int, int] = (-1, 0)
         self._lease = brokers.lease(self.broker)
+
+    def _configure(
+        self, spec: SinkSpec, owner: str, out_dir: Path, policy: DataPolicy | None
+    ) -> None:
+        p = spec.params
+        self.broker = BrokerOptions.from_params(p, owner=owner)
+        try:
+            self.topic = TopicTemplate(p["topic"])
+        except ValueError as exc:
+            msg = f"{owner}: {exc}"
+            raise ExecutionError(msg) from None
+        self.format: str = p.get("format", "json")
+        self.id_in_payload = bool(p.get("id_in_payload", False))
+        if self.format not in ("json", "msgpack"):
+            msg = f"{owner}: need format json or msgpack"
+            raise ExecutionError(msg)
 
     def _rows_of(self, records: list[Record]) -> list[Any]:
         rows = []

@@ -9,15 +9,15 @@ import concurrent.futures
 import contextlib
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from agiledart.app.spec import SinkSpec
 from agiledart.operators import Record
-from agiledart.runtime.spool import FINAL_EPOCH, Entry, Spool
+from agiledart.runtime.spool import FINAL_EPOCH, Entry
 from agiledart.runtime.sql.db import Database, Target, column_type, location_of, password_of
-from agiledart.runtime.twophase import BATCH_ROWS, RETRY_S, SpooledSink, resumed_epoch
+from agiledart.runtime.twophase import BATCH_ROWS, DEFAULT_BUFFER_MB, RETRY_S, SpooledSink
 
 if TYPE_CHECKING:
     from agiledart.runtime.confine import DataPolicy
@@ -27,7 +27,6 @@ __all__ = ["BATCH_ROWS", "DEFAULT_BUFFER_MB", "RETRY_S", "SqlSink"]
 T = TypeVar("T")
 
 #: the store-and-forward buffer of a sink that sets no ``buffer_mb``
-DEFAULT_BUFFER_MB = 64
 
 
 def _value(v: Any) -> Any:
@@ -54,23 +53,14 @@ class SqlSink(SpooledSink):
     destination: ClassVar[str] = "the database"
     path: Path | None = None
 
-    def __init__(
-        self,
-        spec: SinkSpec,
-        *,
-        app_id: str,
-        instance: str,
-        out_dir: str | Path,
-        checkpointed: bool,
-        resume: Mapping[str, Any] | None = None,
-        policy: DataPolicy | None = None,
+    def _configure(
+        self, spec: SinkSpec, owner: str, out_dir: Path, policy: DataPolicy | None
     ) -> None:
         p = spec.params
-        owner = f"sink {spec.id!r}"
         dialect, location = location_of(str(p.get("url", f"sqlite:///{spec.id}.db")))
         if dialect == "sqlite":
             if policy is None:
-                location = str(Path(out_dir) / location)
+                location = str(out_dir / location)
             else:
                 location = str(policy.sink_path(owner, location, out_dir))
             self.path = Path(location)
@@ -84,16 +74,6 @@ class SqlSink(SpooledSink):
             table=str(p["table"]),
             upsert_on=(upsert,) if isinstance(upsert, str) else tuple(upsert),
             password=None if dialect == "sqlite" or env is None else password_of(str(env)),
-        )
-        buffer_mb = int(p.get("buffer_mb", DEFAULT_BUFFER_MB))
-        super().__init__(
-            spec.id,
-            app_id=app_id,
-            instance=instance,
-            spool=Spool(Path(out_dir) / f".{spec.id}.spool", buffer_mb * 1024 * 1024),
-            checkpointed=checkpointed,
-            flush_s=int(p.get("flush_ms", 1000)) / 1000.0,
-            committed=resumed_epoch(resume),
         )
         declared = p.get("columns")
         if declared:

@@ -25,6 +25,7 @@ from typing import Any
 from agiledart.app.errors import ExecutionError
 from agiledart.app.functions import Resolver, bind, builtin_resolver
 from agiledart.app.graph import topological_order
+from agiledart.app.kinds import FN_OPERATORS
 from agiledart.app.spec import AppSpec, OperatorSpec
 from agiledart.operators.base import Record, order_key
 from agiledart.operators.stateless import KEY_SEPARATOR
@@ -45,7 +46,7 @@ def source_records(
     app: AppSpec, *, base_dir: str | os.PathLike[str] | None = None
 ) -> dict[str, list[Record]]:
     """Every source's records, in order (finite sources only)."""
-    from agiledart.app.local import source_batches
+    from agiledart.local.executor import source_batches
 
     out: dict[str, list[Record]] = {}
     for s in app.sources:
@@ -94,7 +95,7 @@ def _check_order(sid: str, records: list[Record], lag: int) -> None:
 def _compute(o: OperatorSpec, ins: list[list[Record]], resolve: Resolver) -> list[Record]:
     p = o.params
     xs = ins[0]
-    if o.op in ("map", "filter", "flat_map") or (o.op == "key_by" and o.fn):
+    if o.op in FN_OPERATORS or (o.op == "key_by" and o.fn):
         f = bind(resolve(str(o.fn)), dict(p))
         return _apply(o.op, f, xs)
     if o.op == "key_by":

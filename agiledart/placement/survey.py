@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from agiledart.errors import AgiledartError
-from agiledart.strategies.model import Host, Network, Topology
+from agiledart.placement.model import Host, Network, Topology
 
 __all__ = ["SPEED_PER_WORKER", "LinkDelays", "survey", "topology_of"]
 

@@ -1,9 +1,9 @@
-"""Placement strategies beyond JOIN routing: RTR, RTR+RP and the baselines.
+"""Operator placement (paper §IV-B): JOIN routing, RTR, RTR+RP and the baselines.
 
 An app spec's ``placement`` picks how its operators are placed:
 
 ================  ==========================================================
-``join-routing``  along the JOIN paths (default; :mod:`agiledart.placement`)
+``join-routing``  along the JOIN paths (default; :mod:`agiledart.placement.join`)
 ``rtr``           latency-aware, response time per operator (RTR)
 ``rtr-rp``        RTR with region patterns: edge sinks' paths on the edge
 ``cloud-only``    every operator on the cloud peers
@@ -14,16 +14,16 @@ An app spec's ``placement`` picks how its operators are placed:
 The core is pure: :func:`place_with` takes the app, a :class:`Topology` (hosts with
 speed, spare capacity and zone; a :class:`Network` of latencies and bandwidths) and a
 :class:`Workload` (rates, costs, selectivities) and returns a
-:class:`~agiledart.placement.Placement`. :mod:`agiledart.strategies.survey` builds
+:class:`~agiledart.placement.join.Placement`. :mod:`agiledart.placement.survey` builds
 the topology of a live ring (peers' ``ring`` answers, the emulated link model).
 
 Errors::
 
-    PlacementError (agiledart.placement)
+    PlacementError (agiledart.placement.join)
     └── StrategyError   unknown strategy, no usable host, a bad host or link value
 """
 
-from agiledart.strategies.model import (
+from agiledart.placement.model import (
     CLOUD_ZONE,
     Host,
     Network,
@@ -31,8 +31,8 @@ from agiledart.strategies.model import (
     Topology,
     Workload,
 )
-from agiledart.strategies.regions import Region, deployment_sequence, regions, split_points
-from agiledart.strategies.rtr import STRATEGIES, place_with
+from agiledart.placement.regions import Region, deployment_sequence, regions, split_points
+from agiledart.placement.rtr import STRATEGIES, place_with
 
 __all__ = [
     "CLOUD_ZONE",

@@ -1,4 +1,4 @@
-"""Region decomposition of an app's DAG (placement-rtr.txt §3.1).
+"""Region decomposition of an app's DAG (RTR, Veith et al., ICSOC 2018, §3.1).
 
 *Split points* are the nodes where paths fork (more than one consumer) or join (more
 than one input). Cutting the DAG after every fork and before every join leaves

@@ -52,6 +52,7 @@ from agiledart.zones import (
     elect,
     estimate_peers,
     hop_budget,
+    merge_gossip,
 )
 
 if TYPE_CHECKING:
@@ -388,35 +389,11 @@ class ZoneAgent:
         except AgiledartError as exc:
             log.debug("zone gossip with %s failed: %s", address, exc)
             return
-        self._merge(raw)
+        merge_gossip(raw, me=self.name, view=self.view, zones=self.zones)
 
     async def _on_gossip(self, req: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:
-        self._merge(req)
+        merge_gossip(req, me=self.name, view=self.view, zones=self.zones)
         return self._gossip_body()
-
-    def _merge(self, raw: Any) -> None:
-        if not isinstance(raw, dict):
-            return
-        sender, zone = raw.get("from"), raw.get("zone")
-        if isinstance(sender, str) and isinstance(zone, str) and sender:
-            self.zones[sender] = zone
-        ads = []
-        for wire in raw.get("ads", ())[:64] if isinstance(raw.get("ads"), list) else ():
-            try:
-                ad = SchedulerAd.from_wire(wire)
-            except ZoneError:
-                continue
-            if ad.name != self.name:
-                ads.append(ad)
-        self.view.learn(ads)
-        entries = raw.get("zones")
-        for entry in entries[:128] if isinstance(entries, list) else ():
-            if (
-                isinstance(entry, list)
-                and len(entry) == 2
-                and all(isinstance(x, str) for x in entry)
-            ):
-                self.zones.setdefault(entry[0], entry[1])
 
     # -- a scheduler died ---------------------------------------------------------------------
 

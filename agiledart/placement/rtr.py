@@ -1,7 +1,7 @@
-"""RTR and RTR+RP (placement-rtr.txt §3.2), and the baselines of its evaluation (§4.1).
+"""RTR and RTR+RP (Veith et al., ICSOC 2018, §3.2), and the baselines of its evaluation (§4.1).
 
 * **RTR** (Response Time Rate): operators in the deployment sequence (regions
-  breadth-first from the sources, :mod:`agiledart.strategies.regions`); each goes to
+  breadth-first from the sources, :mod:`agiledart.placement.regions`); each goes to
   the host with the lowest estimated response time: transfer from its placed inputs
   (Eq. 8) + compute on that host with what is already there (Eq. 7) + the latency
   still to go to the sinks it feeds. Hosts that cannot keep up (μ <= λ, a saturated
@@ -33,10 +33,10 @@ import zlib
 from collections.abc import Callable, Sequence
 
 from agiledart.app.spec import AppSpec
-from agiledart.placement import Placement
-from agiledart.strategies.assign import Assignment, to_placement
-from agiledart.strategies.model import StrategyError, Topology, Workload
-from agiledart.strategies.regions import deployment_sequence
+from agiledart.placement.assign import Assignment, to_placement
+from agiledart.placement.join import Placement
+from agiledart.placement.model import StrategyError, Topology, Workload
+from agiledart.placement.regions import deployment_sequence
 
 __all__ = ["STRATEGIES", "place_with"]
 

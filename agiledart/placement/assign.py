@@ -2,7 +2,7 @@
 
 An :class:`Assignment` knows where every node placed so far runs and how much of
 each host's speed the operators there use; it prices putting an operator on a host
-with the model of :mod:`agiledart.strategies.model` (Eqs. 7, 8 and 13).
+with the model of :mod:`agiledart.placement.model` (Eqs. 7, 8 and 13).
 :func:`to_placement` turns a finished one into the same :class:`Placement` JOIN
 routing gives: operator hosts, one peer path per (source, sink) pair (the hosts
 along its first chain), peers in deploy order (consumers first), and the model's
@@ -27,8 +27,8 @@ from types import MappingProxyType
 
 from agiledart.app.graph import chains, graph_of, reaches, topological_order
 from agiledart.app.spec import AppSpec
-from agiledart.placement import PathKey, Placement
-from agiledart.strategies.model import (
+from agiledart.placement.join import PathKey, Placement
+from agiledart.placement.model import (
     Flow,
     Topology,
     Workload,

@@ -1,4 +1,5 @@
-"""The placement model of RTR (placement-rtr.txt §2; DIGESTS.md, RTR placement).
+"""The placement model of RTR (Veith et al., "Latency-Aware Placement of Data Stream
+Analytics on Edge Computing", ICSOC 2018, §2; docs/placement.md).
 
 Theory of operation
 -------------------
@@ -29,7 +30,7 @@ from types import MappingProxyType
 
 from agiledart.app.graph import topological_order
 from agiledart.app.spec import AppSpec
-from agiledart.placement import PlacementError
+from agiledart.placement.join import PlacementError
 
 __all__ = [
     "CLOUD_ZONE",

@@ -1,4 +1,4 @@
-"""The ``agiledart`` command line.
+"""The ``agiledart`` command line: the parser, ``main``, and the commands that talk to the ring.
 
 Exit codes: 0 success, 1 a reported error (``Error: ...`` on stderr), 2 a usage error.
 Client commands reach a peer with ``--via HOST:PORT`` (default ``$AGILEDART_PEER``)
@@ -333,33 +333,33 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 #: ``status`` or ``ring`` does not load the runtime, the emulator and the MQTT client,
 #: which on a Raspberry Pi is seconds of start-up.
 _ELSEWHERE: dict[str, tuple[str, ...]] = {
-    "agiledart.cli_apps": ("register", "submit", "apps", "status", "stop"),
-    "agiledart.emulate": ("emulate",),
-    "agiledart.analysis.command": ("analyze",),
-    "agiledart.sensors": ("sensors",),
-    "agiledart.site.cli": ("dashboard-url",),
+    "agiledart.cli.apps": ("register", "submit", "apps", "status", "stop"),
+    "agiledart.cli.emulate": ("emulate",),
+    "agiledart.cli.analyze": ("analyze",),
+    "agiledart.cli.sensors": ("sensors",),
+    "agiledart.cli.dashboard": ("dashboard-url",),
 }
 
 
 def _add_commands_of(module: str, sub: Any) -> None:
-    if module == "agiledart.cli_apps":
-        from agiledart.cli_apps import add_parsers
+    if module == "agiledart.cli.apps":
+        from agiledart.cli.apps import add_parsers
 
         add_parsers(sub, _add_via, call_peer, _run)
-    elif module == "agiledart.emulate":
-        from agiledart.emulate import add_parser as add_emulate
+    elif module == "agiledart.cli.emulate":
+        from agiledart.cli.emulate import add_parser as add_emulate
 
         add_emulate(sub)
-    elif module == "agiledart.analysis.command":
-        from agiledart.analysis.command import add_parser as add_analyze
+    elif module == "agiledart.cli.analyze":
+        from agiledart.cli.analyze import add_parser as add_analyze
 
         add_analyze(sub)
-    elif module == "agiledart.sensors":
-        from agiledart.sensors import add_parser as add_sensors
+    elif module == "agiledart.cli.sensors":
+        from agiledart.cli.sensors import add_parser as add_sensors
 
         add_sensors(sub)
-    elif module == "agiledart.site.cli":
-        from agiledart.site.cli import add_parser as add_dashboard_url
+    elif module == "agiledart.cli.dashboard":
+        from agiledart.cli.dashboard import add_parser as add_dashboard_url
 
         add_dashboard_url(sub, _add_via, call_peer, _run)
     else:

@@ -42,7 +42,7 @@ by name. Impossible inputs raise :class:`PlacementError` naming what is wrong.
 RTTs are carried but not used here: the routing already chose low-RTT hops.
 
 This is the default strategy, ``join-routing``; the app spec's ``placement`` picks
-another (RTR, RTR+RP, cloud-only, load balancing) from :mod:`agiledart.strategies`,
+another (RTR, RTR+RP, cloud-only, load balancing) from :mod:`agiledart.placement.rtr`,
 which returns the same :class:`Placement`.
 """
 
@@ -127,7 +127,7 @@ class Placement:
     #: the strategy that made it (the app spec's ``placement``)
     strategy: str = "join-routing"
     #: modelled response time of each path, ms (model-based strategies only;
-    #: :mod:`agiledart.strategies`); inf where a host or link cannot keep up
+    #: :mod:`agiledart.placement`); inf where a host or link cannot keep up
     estimate_ms: Mapping[PathKey, float] = field(default_factory=lambda: _NO_ESTIMATES)
 
     def peer_of(self, node_id: str) -> str:

@@ -1,0 +1,7 @@
+"""``python -m agiledart.cli``: the ``agiledart`` command."""
+
+import sys
+
+from agiledart.cli.entry import main
+
+sys.exit(main())
