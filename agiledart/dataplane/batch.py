@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -29,9 +29,8 @@ _KEYS_T = frozenset({"e", "s", "r", "t"})
 _U63 = (1 << 63) - 1
 
 
-@dataclass(frozen=True, slots=True)
-class TracePoint:
-    """A sampled record inside a batch: its position and its trace."""
+class TracePoint(NamedTuple):
+    """A sampled record inside a batch: its position and its trace (a tuple: cheap)."""
 
     index: int
     trace: Trace

@@ -43,7 +43,6 @@ import dataclasses
 import logging
 import os
 import random
-import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -55,31 +54,32 @@ import msgpack
 from agiledart.app.errors import ExecutionError
 from agiledart.app.functions import Resolver
 from agiledart.app.local import Emission, Executor
-from agiledart.app.spec import AppSpec
-from agiledart.dataplane import CreditWindow, KeyPartitioner
+from agiledart.dataplane import Batch, KeyPartitioner, Trace, TraceSampler
+from agiledart.dataplane.frames import check_records
 from agiledart.operators import BoundedOutOfOrderness
 from agiledart.operators.base import FINAL_WATERMARK, MIN_WATERMARK, OperatorStats, Record
-from agiledart.overlay.errors import MalformedError, OverlayError
 from agiledart.runtime.checkpoints import CheckpointError, Holder, Uplink, fit_code, load, save
 from agiledart.runtime.code import code_ids_in
 from agiledart.runtime.confine import DataPolicy
 from agiledart.runtime.connectors import Sink, SourceConnector, open_sink, open_source
 from agiledart.runtime.deadletters import DeadLetters
+from agiledart.runtime.deployment import Deployment, InstanceOptions
+from agiledart.runtime.edges import BatchAck, InEdge, OutEdge, ReplyChannel
 from agiledart.runtime.elastic import ElasticDriver
 from agiledart.runtime.epochs import Alignment, Channel
 from agiledart.runtime.errors import PeerLost
 from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.execution.engines import Engine, InlineEngine, Unit
-from agiledart.runtime.links import Address, Links
+from agiledart.runtime.links import Links
 from agiledart.runtime.metrics import InstanceMeter, LatencyHistogram, quantile
 from agiledart.runtime.mqtt import BrokerPool, MqttSink
 from agiledart.runtime.replicas import (
-    PARTITIONABLE_STATE,
     combine,
     merge_snapshots,
     split_records,
     split_snapshot,
 )
+from agiledart.runtime.topology import LocalTopology, replicable
 from agiledart.runtime.twophase import SpooledSink
 
 if TYPE_CHECKING:
@@ -87,265 +87,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AppInstance", "Deployment", "InstanceOptions", "OutEdge"]
-
-#: (trace id, source wall-clock ms); trace id 0 marks a watermark's source time
-TraceTag = tuple[int, float]
+__all__ = [
+    "AppInstance",
+    "Deployment",
+    "InstanceOptions",
+    "OutEdge",
+    "ReplyChannel",
+    "Segment",
+    "SinkState",
+]
 
 
 def now_ms() -> float:
     return time.time() * 1000.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class InstanceOptions:
-    batch_records: int = 1000  #: records per data frame, at most
-    linger_s: float = 0.005  #: a partial batch leaves this long after its first record
-    credits: int = 32  #: batches in flight per edge
-    source_queue: int = 4  #: source batches waiting in a segment's inbox, at most
-    trace_rate: float = 0.05
-    watermark_interval_s: float = 0.01  #: a source's watermarks go out at most this often
-    overload: str = "block"  #: block | shed, for sources that fall behind
-
-
-@dataclass(frozen=True, kw_only=True)
-class Deployment:
-    """What the scheduler tells every hosting peer."""
-
-    app_id: str
-    spec: AppSpec
-    hosts: dict[str, tuple[str, ...]]  #: node id -> peer names hosting it
-    addresses: dict[str, Address]  #: peer name -> address
-    scheduler: Address
-    #: incremented by every recovery: frames and reports of an older one are dropped
-    generation: int = 0
-    #: the committed checkpoint to start from (epochs.py), None: from the beginning
-    restore: dict[str, Any] | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "app_id": self.app_id,
-            "spec": self.spec.to_dict(),
-            "hosts": {k: list(v) for k, v in self.hosts.items()},
-            "addresses": {k: list(v) for k, v in self.addresses.items()},
-            "scheduler": list(self.scheduler),
-            "generation": self.generation,
-            "restore": self.restore,
-        }
-
-    @classmethod
-    def from_wire(cls, raw: dict[str, Any], parse: Callable[[Any], AppSpec]) -> Deployment:
-        try:
-            app_id = raw["app_id"]
-            if not isinstance(app_id, str) or not _APP_ID_RE.match(app_id):
-                msg = f"app id must be letters, digits, '-' or '_' (1-96), got {app_id!r}"
-                raise ValueError(msg)
-            hosts = {str(k): _names(v) for k, v in raw["hosts"].items()}
-            addresses = {str(k): _address(v) for k, v in raw["addresses"].items()}
-            d = cls(
-                app_id=app_id,
-                spec=parse(raw["spec"]),
-                hosts=hosts,
-                addresses=addresses,
-                scheduler=_address(raw["scheduler"]),
-                generation=int(raw.get("generation", 0)),
-                restore=_restore_plan(raw.get("restore")),
-            )
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-            msg = f"malformed deployment: {type(exc).__name__}: {exc}"
-            raise ExecutionError(msg) from exc
-        nodes = [s.id for s in d.spec.sources] + [node for node, _ in _fed(d.spec)]
-        unhosted = sorted(n for n in nodes if not d.hosts.get(n))
-        unknown = sorted({p for ps in d.hosts.values() for p in ps} - set(d.addresses))
-        if unhosted or unknown:
-            msg = f"deployment places no peer for {unhosted} or has no address for {unknown}"
-            raise ExecutionError(msg)
-        return d
-
-
-_APP_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,95}$")
-
-
-def _names(raw: Any) -> tuple[str, ...]:
-    if not isinstance(raw, list | tuple) or not all(isinstance(x, str) and x for x in raw):
-        msg = f"hosts must be lists of peer names, got {raw!r}"
-        raise TypeError(msg)
-    return tuple(raw)
-
-
-def _address(raw: Any) -> Address:
-    if not (
-        isinstance(raw, list | tuple)
-        and len(raw) == 2
-        and isinstance(raw[0], str)
-        and type(raw[1]) is int
-        and 0 < raw[1] < 65536
-    ):
-        msg = f"an address is [host, port], got {raw!r}"
-        raise TypeError(msg)
-    return (raw[0], raw[1])
-
-
-@dataclass
-class EdgeStatistics:
-    records: int = 0
-    batches: int = 0
-    credit_waits: int = 0
-    wait_s: float = 0.0  #: time spent waiting for credit or the emulated uplink
-
-
-class OutEdge:
-    """Records from one local node to its consumers on one other peer."""
-
-    def __init__(
-        self,
-        *,
-        app_id: str,
-        producer: str,
-        sender: str,
-        dest: str,
-        address: Address,
-        links: Links,
-        options: InstanceOptions,
-        spawn: Callable[[Awaitable[None]], Any],
-        relay: Relay | None = None,
-        generation: int = 0,
-        uplink: Uplink | None = None,
-    ) -> None:
-        self.app_id = app_id
-        self.generation = generation
-        self.uplink = uplink  #: the peer's emulated upload rate, which data shares
-        self.relay = relay
-        #: a relayed edge fills its batches for a link slot: every packet costs attempts
-        self.linger_s = (
-            options.linger_s
-            if relay is None
-            else max(options.linger_s, relay.model.slot_ms / 1000.0)
-        )
-        self.producer = producer
-        self.dest = dest
-        self.address = address
-        self.id = f"{producer}|{sender}"
-        self.links = links
-        self.options = options
-        self.window = CreditWindow(options.credits)
-        self.stats = EdgeStatistics()
-        self._credit = asyncio.Event()
-        self._credit.set()
-        self._gone = False
-        self._pending: list[Record] = []
-        self._traces: list[list[Any]] = []
-        self._lock = asyncio.Lock()
-        self._seq = 0
-        self._timer: asyncio.TimerHandle | None = None
-        self._spawn = spawn
-
-    @property
-    def pending(self) -> int:
-        """Records waiting for their batch to fill (or for the linger to end)."""
-        return len(self._pending)
-
-    def grant(self, n: int) -> None:
-        self.window.grant(n)
-        self._credit.set()
-
-    def gone(self) -> None:
-        """The destination answered that it does not run the app (it restarted and
-        lost its instances): no credit will ever come, the next send raises."""
-        self._gone = True
-        self._credit.set()
-
-    def _check_gone(self) -> None:
-        if self._gone:
-            raise PeerLost(self.dest, f"it no longer runs app {self.app_id} (restarted?)")
-
-    async def send(self, records: list[Record], traces: list[TraceTag]) -> None:
-        if not records:
-            return
-        base = len(self._pending)
-        self._pending.extend(records)
-        for i, (tid, ts) in enumerate(traces):
-            self._traces.append([base + min(i, len(records) - 1), tid, ts])
-        if len(self._pending) >= self.options.batch_records:
-            await self.flush()
-        elif self._timer is None:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(self.linger_s, self._linger)
-
-    async def flush_idle(self) -> None:
-        """The producer went idle: a partial batch leaves now (a relayed one lingers)."""
-        if self._pending and self.relay is None:
-            await self.flush()
-
-    def _linger(self) -> None:
-        self._timer = None
-        if self._pending:
-            self._spawn(self.flush())
-
-    async def flush(self) -> None:
-        async with self._lock:
-            while self._pending:
-                size = self.options.batch_records
-                records, self._pending = self._pending[:size], self._pending[size:]
-                traces = [t for t in self._traces if t[0] < size]
-                self._traces = [[t[0] - size, t[1], t[2]] for t in self._traces if t[0] >= size]
-                await self._send_batch(records, traces)
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-
-    async def _send_batch(self, records: list[Record], traces: list[list[Any]]) -> None:
-        if not self.window.can_send():
-            started = time.monotonic()
-            while not self.window.can_send():
-                self._check_gone()
-                self.stats.credit_waits += 1
-                self._credit.clear()
-                await self._credit.wait()
-            self.stats.wait_s += time.monotonic() - started
-        self.window.consume()
-        batch: dict[str, Any] = {"e": self.id, "s": self._seq, "r": records}
-        if traces:
-            batch["t"] = traces
-        if self.uplink is not None:  # the emulated link: the batch takes its time
-            started = time.monotonic()
-            await self.uplink.send(len(msgpack.packb(batch)))
-            self.stats.wait_s += time.monotonic() - started
-        self._seq += 1
-        body = {"a": self.app_id, "p": self.producer, "b": batch, "g": self.generation}
-        if self.relay is not None:
-            await self.relay.submit(self.app_id, self.id, "data", body, self.dest, self.address)
-        else:
-            await self._send("data", body)
-        self.stats.records += len(records)
-        self.stats.batches += 1
-
-    async def watermark(self, wm: int, wall: float) -> None:
-        await self.flush()
-        async with self._lock:
-            body = {"a": self.app_id, "p": self.producer, "w": wm, "c": wall}
-            body["g"] = self.generation
-            if self.relay is not None:
-                await self.relay.submit(self.app_id, self.id, "wm", body, self.dest, self.address)
-                return
-            await self._send("wm", body)
-
-    async def barrier(self, epoch: int) -> None:
-        await self.flush()
-        async with self._lock:
-            body = {"a": self.app_id, "p": self.producer, "e": epoch, "g": self.generation}
-            if self.relay is not None:
-                await self.relay.submit(self.app_id, self.id, "bar", body, self.dest, self.address)
-                return
-            await self._send("bar", body)
-
-    async def _send(self, type: str, body: dict[str, Any]) -> None:
-        self._check_gone()
-        try:
-            client = await self.links.client(self.address)
-            await client.send(type, body)
-        except OverlayError as exc:
-            raise PeerLost(self.dest, str(exc)) from None
 
 
 @dataclass
@@ -354,10 +108,10 @@ class _Item:
 
     producer: str
     records: list[Record] | None
-    traces: list[TraceTag]
+    traces: list[Trace]
     wm: int = 0
     wall: float = 0.0
-    ack: _Ack | None = None
+    ack: BatchAck | None = None
     local: bool = False
     sender: str = ""
     #: a watermark of the same producer and sender that came after this batch while it
@@ -372,34 +126,6 @@ class _Item:
 
 class Tracer(Protocol):
     def emit(self, type: str, **fields: Any) -> None: ...
-
-
-class ReplyChannel(Protocol):
-    """Where a batch's credit goes back: the connection it came on, or, for a batch
-    relayed over the emulated network, a direct line to its origin."""
-
-    @property
-    def peer_name(self) -> str: ...
-
-    async def send(self, type: str, body: Mapping[str, Any] | None = None) -> None: ...
-
-
-@dataclass
-class _Ack:
-    """Send one credit back when every segment given the batch has processed it."""
-
-    conn: ReplyChannel
-    app_id: str
-    edge: str
-    waiting: int
-    generation: int = 0
-
-    async def done(self) -> None:
-        self.waiting -= 1
-        if self.waiting == 0:
-            body = {"a": self.app_id, "e": self.edge, "n": 1, "g": self.generation}
-            with contextlib.suppress(OverlayError):
-                await self.conn.send("credit", body)
 
 
 @dataclass
@@ -515,35 +241,28 @@ class AppInstance:
         self.failure: str | None = None
         self.lost_peer: str | None = None  #: the peer whose loss failed this instance
 
-        here = {n for n, peers in d.hosts.items() if me in peers}
-        self.local_ops = [o.id for o in spec.operators if o.id in here]
-        #: operators with several instances: keyed ones get records by key
-        self.parallel = {n for n, peers in d.hosts.items() if len(peers) > 1}
-        self.partition_key = {n: _partition_key(spec, n) for n in self.parallel}
         self.engine = engine or InlineEngine(EngineConfig(workers=0), state_dir / "code")
+        self.topology = topo = LocalTopology.of(spec, d.hosts, me, chains=self.engine.chains)
+        self.local_ops = topo.local_ops
+        #: operators with several instances: keyed ones get records by key
+        self.parallel = topo.parallel
+        self.partition_key = topo.partition_key
         self.resolve = resolve
         self.segments: list[Segment] = []
         self.segment_of: dict[str, Segment] = {}
-        alone = self.parallel if self.engine.chains else set(self.local_ops)
-        for uid, ops in enumerate(_segments(spec, set(self.local_ops), alone=alone)):
+        for uid, ops in enumerate(topo.segments):
             seg = Segment(ops, Executor(spec, resolve, operators=ops))
-            seg.align = Alignment(
-                (p, h)
-                for op in ops
-                for p in spec.operator(op).inputs
-                if p not in ops
-                for h in d.hosts.get(p, ())
-            )
+            seg.align = Alignment(topo.channels(ops))
             seg.unit = self.engine.unit(
                 app_id=self.app_id, uid=uid, executor=seg.executor, queue=seg
             )
             seg.units = [seg.unit]
-            seg.scalable, seg.split_field = _replicable(spec, ops, chained=self.engine.chains)
+            seg.scalable, seg.split_field = replicable(spec, ops, chained=self.engine.chains)
             self.segments.append(seg)
             for op in ops:
                 self.segment_of[op] = seg
         out_dir = data.sink_dir(self.app_id)
-        local_sinks = [k for k in spec.sinks if k.id in here]
+        local_sinks = [k for k in spec.sinks if k.id in topo.sinks]
         self.sinks: dict[str, SinkState] = {}  # opened last: nothing below may leak them
         #: operator -> its dead-letter sink here (``on_error: dead_letter``), opened last too
         self.dead_letters: dict[str, DeadLetters] = {}
@@ -557,75 +276,39 @@ class AppInstance:
                 policy=data,
             )
             for s in spec.sources
-            if s.id in here
+            if s.id in topo.sources
         }
         self._source_locks = {sid: asyncio.Lock() for sid in self.sources}
         self._lowered: set[str] = set()  #: instances told to checkpoint with a lower m, k
-        #: producer id -> local consumers (segments, sinks)
-        self.consumers: dict[str, tuple[list[Segment], list[str]]] = {}
-        for ospec in spec.operators:
-            into = self.segment_of.get(ospec.id)
-            for src in ospec.inputs:
-                if ospec.id in self.parallel:
-                    continue
-                if into is not None and self.segment_of.get(src) is not into:
-                    segs = self.consumers.setdefault(src, ([], []))[0]
-                    if into not in segs:
-                        segs.append(into)
-        for sink_spec in local_sinks:
-            for src in sink_spec.inputs:
-                self.consumers.setdefault(src, ([], []))[1].append(sink_spec.id)
-        #: local producer -> edges to the peers hosting its remote consumers (all records)
-        self.edges: dict[str, list[OutEdge]] = {}
-        #: local producer -> partitioned consumers: (consumer, one target per instance)
-        self.groups: dict[str, list[tuple[str, list[OutEdge | Segment]]]] = {}
+        segs = self.segments
         self.edge_by_id: dict[str, OutEdge] = {}
-        for producer in [*self.sources, *self.local_ops]:
-            full: list[str] = []
-            shared: dict[str, str] = {}  # peer -> parallel consumer it hosts an instance of
-            for node_id, inputs in _fed(spec):
-                if producer not in inputs:
-                    continue
-                for peer in d.hosts[node_id]:
-                    if node_id in self.parallel:
-                        shared[peer] = node_id
-                    elif peer != me and peer not in full:
-                        full.append(peer)
-            both = sorted(set(full) & set(shared))
-            if both:
-                msg = (
-                    f"peer {both[0]} hosts an instance of parallel operator "
-                    f"{shared[both[0]]!r} and another consumer of {producer!r}: give them "
-                    "separate peers"
-                )
-                raise ExecutionError(msg)
-            for peer in [*full, *sorted(p for p in shared if p != me)]:
-                self.edges.setdefault(producer, []).append(self._edge(producer, peer))
-            for node_id, inputs in _fed(spec):
-                if producer in inputs and node_id in self.parallel:
-                    targets: list[OutEdge | Segment] = []
-                    for peer in d.hosts[node_id]:
-                        if peer == me:
-                            targets.append(self.segment_of[node_id])
-                        else:
-                            targets.append(next(e for e in self.edges[producer] if e.dest == peer))
-                    self.groups.setdefault(producer, []).append((node_id, targets))
+        #: producer id -> local consumers (segments, sinks)
+        self.consumers = {
+            p: ([segs[i] for i in s], list(k)) for p, (s, k) in topo.consumers.items()
+        }
+        #: local producer -> edges to the peers hosting its remote consumers (all records)
+        self.edges: dict[str, list[OutEdge]] = {
+            p: [self._edge(p, peer) for peer in peers] for p, peers in topo.out_peers.items()
+        }
+        #: local producer -> partitioned consumers: (consumer, one target per instance)
+        self.groups: dict[str, list[tuple[str, list[OutEdge | Segment]]]] = {
+            p: [(node, [self._target(p, node, peer) for peer in peers]) for node, peers in entries]
+            for p, entries in topo.groups.items()
+        }
         self._split = {e for es in self.groups.values() for _, ts in es for e in ts}
         self._next_uid = len(self.segments)  #: the next replica's unit id
         #: the scaling controllers of the operators here (agiledart.runtime.elastic)
         self.elastic = ElasticDriver(self, spec.scaling, trace=trace, request=on_scaling)
         self.received: collections.Counter[str] = collections.Counter()
         self._partitioners: dict[int, KeyPartitioner] = {}
+        self._sampler = TraceSampler(rate=self.options.trace_rate, seed=random.getrandbits(63))
         #: producer -> local consumers of its batches from other peers: the consumers
         #: above, and this peer's instance of any parallel operator it feeds
-        self._remote_inputs: dict[str, tuple[list[Segment], list[str]]] = {
-            src: (list(segs), list(sinks)) for src, (segs, sinks) in self.consumers.items()
+        self._remote_inputs = {
+            p: ([segs[i] for i in s], list(k)) for p, (s, k) in topo.remote_inputs.items()
         }
-        for ospec in spec.operators:
-            if ospec.id in self.parallel and ospec.id in self.segment_of:
-                for src in ospec.inputs:
-                    segs = self._remote_inputs.setdefault(src, ([], []))[0]
-                    segs.append(self.segment_of[ospec.id])
+        #: the receiving ends of the edges from other peers, by edge id
+        self.in_edges: dict[str, InEdge] = {}
         try:
             for k in local_sinks:
                 resume = self.restore.get("sinks", {}).get(k.id) if self.restore else None
@@ -638,9 +321,7 @@ class AppInstance:
                     app=(self.app_id, self.me, spec.checkpointed),
                 )
                 self.sinks[k.id] = SinkState(sink, dict.fromkeys(k.inputs, MIN_WATERMARK))
-                self.sinks[k.id].align = Alignment(
-                    (p, h) for p in k.inputs for h in d.hosts.get(p, ())
-                )
+                self.sinks[k.id].align = Alignment(topo.sink_channels(k.id))
             for op in self.local_ops:
                 letters = spec.operator(op).dead_letter
                 if letters is not None:
@@ -668,6 +349,11 @@ class AppInstance:
         )
         self.edge_by_id[f"{edge.id}>{peer}"] = edge
         return edge
+
+    def _target(self, producer: str, node: str, peer: str | None) -> OutEdge | Segment:
+        if peer is None:
+            return self.segment_of[node]
+        return next(e for e in self.edges[producer] if e.dest == peer)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -871,9 +557,7 @@ class AppInstance:
             seg.wake.set()
 
     def _leaves_segment(self, op: str, seg: Segment) -> bool:
-        return any(n not in seg.ops for n, inputs in _fed(self.spec) if op in inputs) or any(
-            op in k.inputs for k in self.spec.sinks
-        )
+        return self.topology.leaves(op, seg.ops)
 
     async def _save(self, seg: Segment, ops: list[str], epoch: int, blob: bytes) -> None:
         cp = self.spec.checkpoint
@@ -961,15 +645,10 @@ class AppInstance:
                 if seg is not None:
                     seg.executor.operators[op].restore(data)
 
-    def _sample(self, n: int) -> list[TraceTag]:
-        expected = n * self.options.trace_rate
-        k = int(expected) + (1 if self.rng.random() < expected - int(expected) else 0)
-        if not k:
-            return []
-        ts = now_ms()
-        return [(self.rng.getrandbits(62) + 1, ts) for _ in range(k)]
+    def _sample(self, n: int) -> list[Trace]:
+        return [t for _, t in self._sampler.sample_batch(n, now_ms())]
 
-    async def _deliver(self, producer: str, records: list[Record], traces: list[TraceTag]) -> None:
+    async def _deliver(self, producer: str, records: list[Record], traces: list[Trace]) -> None:
         """A local node's output: to local sinks, consuming segments, remote peers."""
         segs, sinks = self.consumers.get(producer, ((), ()))
         for sink in sinks:
@@ -1046,23 +725,34 @@ class AppInstance:
 
     # -- remote input -----------------------------------------------------------------
 
-    def accept_data(self, producer: str, batch: dict[str, Any], conn: ReplyChannel) -> None:
-        """A batch from another peer: into the consuming segments' inboxes, now."""
-        records, traces = _records_and_traces(batch)
+    def accept_data(self, producer: str, batch: Batch, conn: ReplyChannel) -> None:
+        """A batch from another peer: into the consuming segments' inboxes, now. A copy
+        of one received before is dropped; a sender beyond its credit or sending what
+        are not records broke the protocol (:class:`~agiledart.dataplane.ProtocolError`)."""
+        check_records(batch)
+        edge = self.in_edges.get(batch.edge)
+        if edge is None:
+            edge = InEdge(
+                app_id=self.app_id,
+                edge=batch.edge,
+                credits=self.options.credits,
+                generation=self.generation,
+            )
+            self.in_edges[batch.edge] = edge
+        if not edge.receive(batch):
+            return
+        records = batch.records
+        traces = [tp.trace for tp in batch.traces] if batch.traces else []
         segs, sinks = self._inputs_of(producer)
         if segs or sinks:
             self.received[producer] += len(records)
         for sink in sinks:
             self._write_sink(sink, records, traces, (producer, conn.peer_name))
-        edge = str(batch["e"])
         if not segs:
-            self._spawn(_Ack(conn, self.app_id, edge, 1, self.generation).done())
+            self._spawn(BatchAck(edge, conn, 1).done())
             return
-        ack = _Ack(conn, self.app_id, edge, len(segs), self.generation)
+        ack = BatchAck(edge, conn, len(segs))
         for seg in segs:
-            if len(seg.inbox) > 4 * self.options.credits * max(1, len(self.consumers)) + 64:
-                msg = f"app {self.app_id}: {conn.peer_name} sent beyond its credit"
-                raise MalformedError(msg)
             _append(seg, _Item(producer, records, traces, ack=ack, sender=conn.peer_name))
 
     async def accept_wm(self, producer: str, wm: int, wall: float, sender: str) -> None:
@@ -1266,14 +956,14 @@ class AppInstance:
         else:
             outs = await asyncio.gather(*(u.watermark(item.producer, merged) for u in seg.units))
             emitted = combine(outs)
-        await self._forward(emitted, [(0, wall)], wall=wall)
+        await self._forward(emitted, [Trace(0, wall)], wall=wall)
         if wm >= FINAL_WATERMARK:  # the channel ended: alignment stops waiting for it
             epoch = seg.align.finish((item.producer, item.sender))
             if epoch is not None:
                 await self._aligned(seg, epoch)
 
     async def _forward(
-        self, emitted: list[Emission], traces: list[TraceTag], *, wall: float | None = None
+        self, emitted: list[Emission], traces: list[Trace], *, wall: float | None = None
     ) -> None:
         for node, what in emitted:
             if isinstance(what, list):
@@ -1284,7 +974,7 @@ class AppInstance:
     # -- sinks ------------------------------------------------------------------------
 
     def _write_sink(
-        self, sink_id: str, records: list[Record], traces: list[TraceTag], channel: Channel
+        self, sink_id: str, records: list[Record], traces: list[Trace], channel: Channel
     ) -> None:
         state = self.sinks[sink_id]
         if state.align.blocked(channel):  # after its barrier: waits for the others'
@@ -1438,22 +1128,6 @@ class AppInstance:
         }
 
 
-def _restore_plan(raw: Any) -> dict[str, Any] | None:
-    """A deployment's ``restore`` (written by the scheduler), checked for shape."""
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or type(raw.get("epoch")) is not int:
-        msg = "restore needs an integer 'epoch'"
-        raise ValueError(msg)
-    for entry in raw.get("states", ()):
-        if not isinstance(entry, dict) or not {"peer", "ops", "instance", "holders", "m"} <= set(
-            entry
-        ):
-            msg = f"malformed restore entry {entry!r}"
-            raise ValueError(msg)
-    return raw
-
-
 def _leaves(eg: BaseExceptionGroup[Exception]) -> list[Exception]:
     out: list[Exception] = []
     for e in eg.exceptions:
@@ -1567,107 +1241,3 @@ def _merge_wm(seg: Segment, item: _Item) -> bool:
     elif last.wm_after is None or item.wm > last.wm_after:
         last.wm_after, last.wall_after = item.wm, item.wall
     return True
-
-
-def _records_and_traces(batch: dict[str, Any]) -> tuple[list[Record], list[TraceTag]]:
-    records = batch.get("r")
-    if not isinstance(records, list) or (records and set(map(type, records)) != {dict}):
-        msg = "data batch records must be a list of maps"
-        raise MalformedError(msg)
-    raw = batch.get("t", [])
-    if not isinstance(raw, list):
-        msg = "data batch traces must be a list"
-        raise MalformedError(msg)
-    traces: list[TraceTag] = []
-    for t in raw:
-        if isinstance(t, list) and len(t) == 3 and isinstance(t[2], int | float):
-            traces.append((int(t[1]) if isinstance(t[1], int) else 0, float(t[2])))
-    return records, traces
-
-
-def _segments(spec: AppSpec, local: set[str], *, alone: set[str]) -> list[list[str]]:
-    """Local operators grouped by local edges; a group a path re-enters is split, and
-    an operator with several instances (``alone``) is a group of its own."""
-    parent = {o: o for o in local}
-
-    def find(x: str) -> str:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for o in spec.operators:
-        if o.id in local:
-            for src in o.inputs:
-                if src in local and src not in alone and o.id not in alone:
-                    parent[find(src)] = find(o.id)
-    groups: dict[str, list[str]] = {}
-    for o in spec.operators:  # declaration order within a group
-        if o.id in local:
-            groups.setdefault(find(o.id), []).append(o.id)
-    consumers: dict[str, list[str]] = {}
-    for node_id, inputs in _fed(spec):
-        for src in inputs:
-            consumers.setdefault(src, []).append(node_id)
-    out: list[list[str]] = []
-    for members in groups.values():
-        inside = set(members)
-        if _reenters(inside, consumers):
-            out.extend([m] for m in members)
-        else:
-            out.append(members)
-    return out
-
-
-_KEYED = ("window", "aggregate", "join", "dedupe")
-_STATELESS = ("map", "filter", "flat_map", "key_by", "union")
-
-
-def _replicable(spec: AppSpec, ops: list[str], *, chained: bool) -> tuple[bool, str | None]:
-    """Whether a segment of ``ops`` may run as several replicas on this peer (one
-    operator, on an engine with workers, stateless or with state kept per key), and
-    the field that splits its batches (None: contiguous runs)."""
-    if chained or len(ops) != 1:
-        return False, None
-    op = spec.operator(ops[0])
-    if op.op in _STATELESS:
-        return True, None
-    key = op.params.get("key")
-    if op.op in PARTITIONABLE_STATE and isinstance(key, str):
-        return True, key
-    return False, None
-
-
-def _partition_key(spec: AppSpec, op_id: str) -> str | None:
-    """The field that routes records to instances of ``op_id`` (None: in turn)."""
-    op = spec.operator(op_id)
-    if op.op in _STATELESS:
-        return None
-    key = op.params.get("key")
-    if op.op in _KEYED and isinstance(key, str):
-        return key
-    msg = (
-        f"operator {op_id!r} ({op.op}{'' if key else ' without a key'}) cannot run as "
-        "several instances: it needs every record"
-    )
-    raise ExecutionError(msg)
-
-
-def _fed(spec: AppSpec) -> list[tuple[str, tuple[str, ...]]]:
-    """``(id, inputs)`` of every operator and sink."""
-    return [(o.id, o.inputs) for o in spec.operators] + [(k.id, k.inputs) for k in spec.sinks]
-
-
-def _reenters(inside: set[str], consumers: dict[str, list[str]]) -> bool:
-    """Whether some path leaves ``inside`` and comes back into it."""
-    seen: set[str] = set()
-    stack = [c for n in inside for c in consumers.get(n, ()) if c not in inside]
-    while stack:
-        n = stack.pop()
-        if n in inside:
-            return True
-        if n in seen:
-            continue
-        seen.add(n)
-        stack.extend(consumers.get(n, ()))
-    return False

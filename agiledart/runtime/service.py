@@ -28,12 +28,14 @@ import contextlib
 import logging
 import re
 import shutil
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agiledart.app.errors import ExecutionError
 from agiledart.app.parse import parse_spec
+from agiledart.dataplane import ProtocolError
+from agiledart.dataplane.frames import BarrierFrame, CreditFrame, DataFrame, WatermarkFrame
 from agiledart.errors import AgiledartError
 from agiledart.overlay.errors import MalformedError, OverlayError
 from agiledart.overlay.leafset import Membership, MembershipEvent
@@ -43,11 +45,13 @@ from agiledart.overlay.tcp import ConnectionInfo, FrameServer
 from agiledart.runtime.checkpoints import SWEEP_S, FragmentStore, Holder, Uplink
 from agiledart.runtime.code import Bundle, CodeStore, code_ids_in, identifier
 from agiledart.runtime.confine import DataPolicy
+from agiledart.runtime.deployment import Deployment, InstanceOptions
+from agiledart.runtime.edges import Origin, ReplyChannel
 from agiledart.runtime.epochs import CHECKPOINT_RATE
 from agiledart.runtime.errors import UnknownApp
 from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.execution.engines import make_engine
-from agiledart.runtime.instance import AppInstance, Deployment, InstanceOptions, ReplyChannel
+from agiledart.runtime.instance import AppInstance
 from agiledart.runtime.links import Address, Links
 from agiledart.runtime.metrics import Buckets
 from agiledart.runtime.mqtt import BrokerPool
@@ -121,6 +125,7 @@ class AppRuntime:
             "data_unknown_app": 0,
             "credit_unknown_edge": 0,
             "data_stale": 0,  #: frames of an app from before its last recovery
+            "malformed_frames": 0,  #: data-plane frames that broke the protocol
             "background_errors": 0,  #: background jobs that raised (logged with traceback)
         }
         self._group: asyncio.TaskGroup | None = None
@@ -766,7 +771,7 @@ class AppRuntime:
 
     async def _relayed(self, kind: str, body: dict[str, Any], origin: str, at: Address) -> None:
         """A packet the relay layer carried here, in its flow's order."""
-        line = _Origin(origin, at, self.links)
+        line = Origin(origin, at, self.links)
         if kind == "data":
             await self._on_data(body, line)
         elif kind == "bar":
@@ -775,46 +780,46 @@ class AppRuntime:
             await self._on_wm(body, line)
 
     async def _on_data(self, msg: dict[str, Any], conn: ReplyChannel) -> None:
-        app_id, producer, batch = msg.get("a"), msg.get("p"), msg.get("b")
-        if not isinstance(app_id, str) or not isinstance(producer, str):
-            err = "data frame needs 'a' and 'p' strings"
-            raise MalformedError(err)
-        if not isinstance(batch, dict) or not isinstance(batch.get("e"), str):
-            err = "data frame needs a batch map 'b' with an edge id"
-            raise MalformedError(err)
-        inst = self.instances.get(app_id)
-        if inst is None:
-            self.dropped["data_unknown_app"] += 1
-            # the sender would wait for a credit for ever: tell it this peer does not
-            # run the app (it restarted since deployment, or the app ended here)
-            body = {"a": app_id, "e": batch["e"], "n": 0, "g": msg.get("g", 0), "gone": True}
-            with contextlib.suppress(OverlayError):
-                await conn.send("credit", body)
-            return
-        if msg.get("g", 0) != inst.generation:  # sent before a recovery
-            self.dropped["data_stale"] += 1
-            return
-        inst.accept_data(producer, batch, conn)
+        with self._frame_errors():
+            frame = DataFrame.from_wire(msg)
+            inst = self.instances.get(frame.app_id)
+            if inst is None:
+                self.dropped["data_unknown_app"] += 1
+                # the sender would wait for a credit for ever: tell it this peer does not
+                # run the app (it restarted since deployment, or the app ended here)
+                gone = CreditFrame(frame.app_id, frame.batch.edge, 0, frame.generation, True)
+                with contextlib.suppress(OverlayError):
+                    await conn.send(gone.TYPE, gone.to_wire())
+                return
+            if frame.generation != inst.generation:  # sent before a recovery
+                self.dropped["data_stale"] += 1
+                return
+            inst.accept_data(frame.producer, frame.batch, conn)
 
     async def _on_wm(self, msg: dict[str, Any], conn: ReplyChannel) -> None:
-        app_id, producer, wm = msg.get("a"), msg.get("p"), msg.get("w")
-        if not isinstance(app_id, str) or not isinstance(producer, str) or type(wm) is not int:
-            err = "wm frame needs 'a', 'p' strings and an integer 'w'"
-            raise MalformedError(err)
-        wall = msg.get("c")
-        inst = self.instances.get(app_id)
-        if inst is not None and msg.get("g", 0) == inst.generation:
-            clock = float(wall) if isinstance(wall, int | float) else 0.0
-            await inst.accept_wm(producer, wm, clock, conn.peer_name)
+        with self._frame_errors():
+            frame = WatermarkFrame.from_wire(msg)
+        inst = self.instances.get(frame.app_id)
+        if inst is not None and frame.generation == inst.generation:
+            await inst.accept_wm(frame.producer, frame.watermark, frame.wall, conn.peer_name)
 
     async def _on_barrier(self, msg: dict[str, Any], conn: ReplyChannel) -> None:
-        app_id, producer, epoch = msg.get("a"), msg.get("p"), msg.get("e")
-        if not isinstance(app_id, str) or not isinstance(producer, str) or type(epoch) is not int:
-            err = "bar frame needs 'a', 'p' strings and an integer epoch 'e'"
-            raise MalformedError(err)
-        inst = self.instances.get(app_id)
-        if inst is not None and msg.get("g", 0) == inst.generation:
-            await inst.accept_barrier(producer, epoch, conn.peer_name)
+        with self._frame_errors():
+            frame = BarrierFrame.from_wire(msg)
+        inst = self.instances.get(frame.app_id)
+        if inst is not None and frame.generation == inst.generation:
+            await inst.accept_barrier(frame.producer, frame.epoch, conn.peer_name)
+
+    @contextlib.contextmanager
+    def _frame_errors(self) -> Iterator[None]:
+        """A frame that broke the data plane's protocol is counted and dropped, and
+        closes the connection it came on (the frame server's answer to a malformed
+        frame); the peer and its apps live on."""
+        try:
+            yield
+        except ProtocolError as exc:
+            self.dropped["malformed_frames"] += 1
+            raise MalformedError(str(exc)) from None
 
     # -- checkpoints --------------------------------------------------------------------
 
@@ -898,32 +903,15 @@ class AppRuntime:
         return {"accepted": accepted}
 
     async def _on_credit(self, msg: dict[str, Any], conn: ConnectionInfo) -> None:
-        app_id, edge, n = msg.get("a"), msg.get("e"), msg.get("n")
-        if not isinstance(app_id, str) or not isinstance(edge, str) or type(n) is not int:
-            err = "credit frame needs 'a', 'e' strings and an integer 'n'"
-            raise MalformedError(err)
-        inst = self.instances.get(app_id)
-        if inst is not None and msg.get("g", 0) != inst.generation:
-            self.dropped["data_stale"] += 1
-        elif inst is None or not inst.grant(
-            f"{edge}>{conn.peer_name}", n, gone=msg.get("gone") is True
-        ):
-            self.dropped["credit_unknown_edge"] += 1
-
-
-class _Origin:
-    """The reply channel of a relayed batch: credits go straight to its origin."""
-
-    def __init__(self, name: str, address: Address, links: Links) -> None:
-        self._name, self._address, self._links = name, address, links
-
-    @property
-    def peer_name(self) -> str:
-        return self._name
-
-    async def send(self, type: str, body: Mapping[str, Any] | None = None) -> None:
-        client = await self._links.client(self._address)
-        await client.send(type, body)
+        with self._frame_errors():
+            frame = CreditFrame.from_wire(msg)
+            inst = self.instances.get(frame.app_id)
+            if inst is not None and frame.generation != inst.generation:
+                self.dropped["data_stale"] += 1
+            elif inst is None or not inst.grant(
+                f"{frame.edge}>{conn.peer_name}", frame.credits, gone=frame.gone
+            ):
+                self.dropped["credit_unknown_edge"] += 1
 
 
 def _generation(req: dict[str, Any]) -> int:
