@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from agiledart.app.errors import ExecutionError
 from agiledart.app.spec import AppSpec
+from agiledart.operators.base import MIN_WATERMARK
 from agiledart.runtime.replicas import PARTITIONABLE_STATE
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "STATELESS",
     "LocalTopology",
     "fed",
+    "merged_watermark",
     "partition_key",
     "reenters",
     "replicable",
@@ -250,3 +252,14 @@ def _consumer_peers(
         )
         raise ExecutionError(msg)
     return full, shared
+
+
+def merged_watermark(
+    topology: LocalTopology, tracker: dict[str, int], producer: str, sender: str, wm: int
+) -> int:
+    """The watermark of ``producer`` over all its instances (their minimum); ``tracker``
+    keeps each sending peer's latest."""
+    if producer not in topology.parallel:
+        return wm
+    tracker[sender] = max(wm, tracker.get(sender, MIN_WATERMARK))
+    return min(tracker.get(h, MIN_WATERMARK) for h in topology.hosts[producer])
