@@ -32,7 +32,7 @@ _U63 = (1 << 63) - 1
 class TracePoint(NamedTuple):
     """A sampled record inside a batch: its position and its trace (a tuple: cheap)."""
 
-    index: int
+    position: int  #: the record's index in the batch
     trace: Trace
 
 
@@ -48,12 +48,12 @@ class Batch:
     def traced(self) -> Iterator[tuple[Record, Trace]]:
         """The sampled records with their traces."""
         for tp in self.traces:
-            yield self.records[tp.index], tp.trace
+            yield self.records[tp.position], tp.trace
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"e": self.edge, "s": self.seq, "r": self.records}
         if self.traces:
-            d["t"] = [[tp.index, tp.trace.trace_id, tp.trace.source_ts] for tp in self.traces]
+            d["t"] = [[tp.position, tp.trace.trace_id, tp.trace.source_ts] for tp in self.traces]
         return d
 
     @classmethod

@@ -84,7 +84,7 @@ class Batcher:
             self._deadline = now + self.max_delay_ms
         if traces:
             base = len(pending)
-            self._traces.extend(TracePoint(base + tp.index, tp.trace) for tp in traces)
+            self._traces.extend(TracePoint(base + tp.position, tp.trace) for tp in traces)
         pending.extend(records)
         deadline = self._deadline
         return len(pending) >= self.max_records or (deadline is not None and now >= deadline)
@@ -99,9 +99,9 @@ class Batcher:
         traces = self._traces
         if traces:
             self._traces = [
-                TracePoint(tp.index - size, tp.trace) for tp in traces if tp.index >= size
+                TracePoint(tp.position - size, tp.trace) for tp in traces if tp.position >= size
             ]
-            traces = [tp for tp in traces if tp.index < size]
+            traces = [tp for tp in traces if tp.position < size]
         batch = Batch(self.edge, self.next_seq, pending[:size], tuple(traces))
         self.next_seq += 1
         return batch

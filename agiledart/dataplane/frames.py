@@ -140,7 +140,7 @@ class WatermarkFrame:
         producer = _name(d, "p", "wm", "the producer")
         wm = _int(d, "w", "wm", "the watermark")
         wall = d.get("c")
-        clock = float(wall) if type(wall) in (int, float) and math.isfinite(wall) else 0.0
+        clock = float(wall) if isinstance(wall, int | float) and math.isfinite(wall) else 0.0
         return cls(app_id, producer, wm, clock, _generation(d, "wm"))
 
 

@@ -46,15 +46,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import msgpack
-
 from agiledart.app.errors import ExecutionError
 from agiledart.app.functions import Resolver
-from agiledart.app.local import Emission, Executor
-from agiledart.dataplane import Batch, Trace
+from agiledart.app.local import Executor
+from agiledart.dataplane import Batch
 from agiledart.operators import BoundedOutOfOrderness
-from agiledart.operators.base import FINAL_WATERMARK, MIN_WATERMARK, Record
-from agiledart.runtime.checkpoints import CheckpointError, Holder, Uplink, fit_code, load, save
+from agiledart.operators.base import MIN_WATERMARK, Record
+from agiledart.runtime.checkpoints import Holder, Uplink
 from agiledart.runtime.code import code_ids_in
 from agiledart.runtime.confine import DataPolicy
 from agiledart.runtime.connectors import SourceConnector, open_source
@@ -64,26 +62,19 @@ from agiledart.runtime.elastic import ElasticDriver
 from agiledart.runtime.epochs import Alignment
 from agiledart.runtime.errors import PeerLost
 from agiledart.runtime.execution import EngineConfig
-from agiledart.runtime.execution.engines import Engine, InlineEngine, Unit
+from agiledart.runtime.execution.engines import Engine, InlineEngine
 from agiledart.runtime.links import Links
 from agiledart.runtime.mqtt import BrokerPool
-from agiledart.runtime.replicas import (
-    combine,
-    merge_snapshots,
-    split_records,
-    split_snapshot,
-)
+from agiledart.runtime.replication import Replication
 from agiledart.runtime.routing import Router
+from agiledart.runtime.segloop import SegmentLoop
 from agiledart.runtime.segments import (
-    Item,
     Segment,
-    fail_on_error,
-    op_stats,
-    post_dead_letters,
     seg_op_stats,
 )
 from agiledart.runtime.sinks import LocalSinks, SinkState, Tracer
-from agiledart.runtime.topology import LocalTopology, merged_watermark, replicable
+from agiledart.runtime.snapshots import InstanceCheckpoints
+from agiledart.runtime.topology import LocalTopology, replicable
 
 if TYPE_CHECKING:
     from agiledart.runtime.relay import Relay
@@ -188,8 +179,6 @@ class AppInstance:
             if s.id in topo.sources
         }
         self._source_locks = {sid: asyncio.Lock() for sid in self.sources}
-        self._lowered: set[str] = set()  #: instances told to checkpoint with a lower m, k
-        self._next_uid = len(self.segments)  #: the next replica's unit id
         self.local_sinks = LocalSinks(
             app_id=self.app_id,
             topology=topo,
@@ -215,6 +204,37 @@ class AppInstance:
             uplink=uplink,
         )
         self.edges = self.router.edges  #: local producer -> its edges to other peers
+        self.replication = Replication(
+            app_id=self.app_id,
+            me=me,
+            spec=spec,
+            resolve=resolve,
+            engine=self.engine,
+            next_uid=len(self.segments),
+        )
+        self.checkpoints = InstanceCheckpoints(
+            app_id=self.app_id,
+            topology=topo,
+            router=self.router,
+            replication=self.replication,
+            sources=self.sources,
+            source_locks=self._source_locks,
+            segment_of=self.segment_of,
+            links=links,
+            report=self._report,
+            spawn=self._spawn,
+            on_checkpoint=on_checkpoint,
+            holders=holders,
+            uplink=uplink,
+            restore=self.restore,
+        )
+        self.loop = SegmentLoop(
+            topology=topo,
+            router=self.router,
+            replication=self.replication,
+            checkpoints=self.checkpoints,
+            dead_letters=self.local_sinks.dead_letters,
+        )
         #: the scaling controllers of the operators here (agiledart.runtime.elastic)
         self.elastic = ElasticDriver(self, spec.scaling, trace=trace, request=on_scaling)
         #: opened last: nothing above may leak them
@@ -293,13 +313,13 @@ class AppInstance:
             code = code_ids_in(o.fn for o in self.spec.operators if o.id in self.segment_of)
             units = [seg.unit for seg in self.segments if seg.unit is not None]
             if self.restore:
-                await self._restore_states()
+                await self.checkpoints.restore_states()
             await self.engine.open_app(self.app_id, self.spec, units, code)
             self._ready.set()
             async with asyncio.TaskGroup() as group:
                 self._group = group
                 for seg in self.segments:
-                    group.create_task(self._segment_loop(seg))
+                    group.create_task(self.loop.run(seg))
                 for sid, source in self.sources.items():
                     group.create_task(self._source_loop(sid, source))
                 for publisher in self.local_sinks.publishers():
@@ -378,302 +398,23 @@ class AppInstance:
 
     # -- checkpoints (agiledart.runtime.epochs) ---------------------------------------
 
-    async def inject_barrier(self, epoch: int) -> None:
-        """Barrier ``epoch`` into every local source's output, between two batches, and
-        each source's offset to the scheduler (or that it has finished)."""
-        for sid, source in self.sources.items():
-            async with self._source_locks[sid]:
-                finished = source.stats.finished
-                if not finished:
-                    await self.router.deliver_barrier(sid, epoch)
-                offset = source.stats.emitted
-            report = {"kind": "source", "id": sid, "offset": offset, "finished": finished}
-            await self._report(epoch, report)
-
     async def _report(self, epoch: int, report: dict[str, Any]) -> None:
         if self.on_checkpoint is not None:
             await self.on_checkpoint({**report, "epoch": epoch, "peer": self.me})
 
-    async def _aligned(self, seg: Segment, epoch: int) -> None:
-        """Every open input of ``seg`` passed barrier ``epoch``: snapshot, forward the
-        barrier, store the snapshot in the background, let the held input in."""
-        assert seg.unit is not None
-        if seg.unit.stateful and self.on_checkpoint is not None:
-            states = await self._snapshot(seg)
-            stateful = sorted(o for o in seg.ops if self.spec.operator(o).stateful)
-            blob = msgpack.packb({o: states[o] for o in stateful})
-            self._spawn(self._save(seg, stateful, epoch, blob))
-        for op in seg.ops:
-            if self._leaves_segment(op, seg):
-                await self.router.deliver_barrier(op, epoch)
-        if seg.held:
-            seg.inbox.extendleft(reversed(seg.held))
-            seg.held.clear()
-            seg.wake.set()
-
-    def _leaves_segment(self, op: str, seg: Segment) -> bool:
-        return self.topology.leaves(op, seg.ops)
-
-    async def _save(self, seg: Segment, ops: list[str], epoch: int, blob: bytes) -> None:
-        cp = self.spec.checkpoint
-        m, k = (1, cp.k) if cp.mode == "replication" else (cp.m, cp.k)
-        instance = f"{'+'.join(seg.ops)}@{self.me}"
-        holders = self.holders(m + k) if self.holders is not None else []
-        fitted = fit_code(m, k, len(holders))
-        if fitted is None:
-            error = "no leaf-set peer can hold its fragments"
-            report = {"kind": "state_failed", "instance": instance, "error": error}
-            await self._report(epoch, report)
-            return
-        if fitted != (m, k):
-            if instance not in self._lowered:
-                self._lowered.add(instance)
-                log.warning(
-                    "app %s: checkpoints of %s use m=%d, k=%d: %d leaf-set peers hold "
-                    "fragments, m=%d, k=%d needs %d",
-                    self.app_id, instance, *fitted, len(holders), m, k, m + k,
-                )  # fmt: skip
-            m, k = fitted
-        try:
-            receipt = await save(
-                self.links,
-                holders,
-                blob,
-                app=self.app_id,
-                instance=instance,
-                epoch=epoch,
-                m=m,
-                k=k,
-                uplink=self.uplink,
-            )
-        except CheckpointError as exc:
-            log.warning(
-                "app %s: checkpoint %d of %s not stored: %s", self.app_id, epoch, instance, exc
-            )
-            failed = {"kind": "state_failed", "instance": instance, "error": str(exc)}
-            await self._report(epoch, failed)
-            return
-        await self._report(
-            epoch,
-            {
-                "kind": "state",
-                "ops": ops,
-                "instance": instance,
-                "holders": [[h.name, list(h.address)] for h in holders],
-                "m": m,
-                "k": k,
-                "bytes": receipt.bytes,
-                "seconds": round(receipt.seconds, 4),
-            },
-        )
-
-    async def _restore_states(self) -> None:
-        """Before anything runs: every stateful operator here gets its state of the
-        committed epoch, fetched from m holders in parallel and decoded."""
-        plan = self.restore
-        wanted = [
-            entry
-            for entry in plan.get("states", ())
-            if entry["peer"] == self.me and any(o in self.segment_of for o in entry["ops"])
-        ]
-
-        async def fetch(entry: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-            holders = [Holder(str(n), (str(a[0]), int(a[1]))) for n, a in entry["holders"]]
-            blob = await load(
-                self.links,
-                holders,
-                app=self.app_id,
-                instance=entry["instance"],
-                epoch=int(plan["epoch"]),
-                m=int(entry["m"]),
-            )
-            return entry, blob
-
-        try:
-            got = await asyncio.gather(*(fetch(e) for e in wanted))
-        except CheckpointError as exc:
-            raise ExecutionError(str(exc)) from None
-        for _, blob in got:
-            states = msgpack.unpackb(blob)
-            for op, data in states.items():
-                seg = self.segment_of.get(op)
-                if seg is not None:
-                    seg.executor.operators[op].restore(data)
-
     # -- segments ---------------------------------------------------------------------
-
-    async def _segment_loop(self, seg: Segment) -> None:
-        strict = [o for o in seg.ops if self.spec.operator(o).on_error == "fail"]
-        dead = [o for o in seg.ops if o in self.dead_letters]
-        while True:
-            while not seg.inbox and seg.resize_to is None:
-                seg.wake.clear()
-                await seg.wake.wait()
-            if seg.resize_to is not None:  # between two items: the replicas are idle
-                await self._resize(seg)
-                continue
-            unit = seg.unit
-            assert unit is not None
-            item = seg.inbox[0]
-            channel = (item.producer, item.sender)
-            if seg.align.blocked(channel) and not item.offset:  # after its barrier: wait
-                seg.inbox.popleft()
-                seg.held.append(item)
-                continue
-            turn = unit.turn if unit.turn is None else unit.turn * seg.replicas
-            done = True
-            if item.barrier is not None:
-                self._pop(seg)
-                seg.pending -= 1
-                epoch = seg.align.barrier(channel, item.barrier)
-                if epoch is not None:
-                    await self._aligned(seg, epoch)
-            elif item.records is not None:
-                first, n = item.offset, len(item.records)
-                take = n - first if turn is None else min(turn, n - first)
-                chunk = item.records if take == n else item.records[first : first + take]
-                item.offset += take
-                done = item.offset >= n
-                if done:
-                    self._pop(seg)
-                if take:
-                    start = time.monotonic()
-                    emitted, service_s = await self._feed(seg, item.producer, chunk)
-                    seg.pending -= take
-                    end = time.monotonic()
-                    seg.meter.executed(
-                        max(start, end - service_s),
-                        end,
-                        take,
-                        start - item.queued_at,
-                        worker_wait_s=unit.wait_s,
-                    )
-                    if strict:
-                        fail_on_error(seg, strict)
-                    if dead:
-                        post_dead_letters(seg, dead, self.dead_letters)
-                    await self.router.forward(emitted, item.traces if first == 0 else [])
-                if done and item.wm_after is not None:
-                    await self._watermark(seg, item, item.wm_after, item.wall_after)
-            else:
-                self._pop(seg)
-                await self._watermark(seg, item, item.wm, item.wall)
-                seg.pending -= 1
-            if done:
-                seg.processed += 1
-                if item.ack is not None:
-                    await item.ack.done()
-            if not seg.inbox:  # idle: what waits for the batch to fill leaves now
-                seg.meter.drained(time.monotonic())
-                for op in seg.ops:
-                    for edge in self.edges.get(op, ()):
-                        await edge.flush_idle()
-            await asyncio.sleep(0)  # a full inbox must not starve the peer's other tasks
-
-    async def _feed(
-        self, seg: Segment, producer: str, records: list[Record]
-    ) -> tuple[list[Emission], float]:
-        """One turn of ``records``: on the segment's unit, or split over its replicas
-        (then run at once, on as many workers); the emissions and the turn's longest
-        execution time."""
-        seg.executed += len(records)
-        if seg.replicas == 1:
-            assert seg.unit is not None
-            out = await seg.unit.feed(producer, records)
-            seg.service_s += seg.unit.service_s
-            return out, seg.unit.service_s
-        parts = split_records(records, seg.replicas, seg.split_field)
-        busy = [(u, part) for u, part in zip(seg.units, parts, strict=True) if part]
-        outs = await asyncio.gather(*(u.feed(producer, part) for u, part in busy))
-        seg.service_s += sum(u.service_s for u, _ in busy)
-        return combine(outs), max((u.service_s for u, _ in busy), default=0.0)
 
     # -- elastic scaling (agiledart.runtime.elastic, agiledart.runtime.replicas) ------
 
+    # -- checkpoints and scaling ----------------------------------------------------------
+
+    async def inject_barrier(self, epoch: int) -> None:
+        """Barrier ``epoch`` into every local source's output (:mod:`.snapshots`)."""
+        await self.checkpoints.inject_barrier(epoch)
+
     def resize(self, seg: Segment, replicas: int) -> asyncio.Event:
-        """Ask ``seg`` for ``replicas`` replicas; done between two of its items (the
-        event returned is set then)."""
-        if not seg.scalable:
-            msg = f"operator {'+'.join(seg.ops)} cannot run as several instances here"
-            raise ExecutionError(msg)
-        seg.resized.clear()
-        seg.resize_to = max(1, replicas)
-        seg.wake.set()
-        return seg.resized
-
-    async def _resize(self, seg: Segment) -> None:
-        target, seg.resize_to = seg.resize_to, None
-        try:
-            if target is not None and target != seg.replicas:
-                await self._set_replicas(seg, target)
-        finally:
-            seg.resized.set()
-
-    async def _set_replicas(self, seg: Segment, n: int) -> None:
-        """New replicas for ``seg``'s operator, its state re-split by key among them (a
-        stateless one's watermarks copied to each). The old replicas are dropped only
-        once the new ones are built: a factory that fails leaves the operator as it was."""
-        (op,) = seg.ops
-        old = list(seg.units)
-        primary = old[0]
-        if primary.stateful:
-            snaps = [await self.engine.snapshot(u) for u in old]
-            parts: list[bytes] = split_snapshot(merge_snapshots([s[op] for s in snaps]), n)
-        else:  # no state but its input watermarks, which the peer keeps
-            parts = [primary.executor.snapshot()[op]] * n
-        try:
-            executors = [
-                Executor(self.spec, self.resolve, operators=[op], states={op: part})
-                for part in parts
-            ]
-        except Exception as exc:  # user code (a factory): keep the replicas there are
-            log.warning("app %s: %s stays at %d instance(s): %s", self.app_id, op, len(old), exc)
-            return
-        for u in old:
-            for name, operator in u.executor.operators.items():
-                kept = seg.retired.setdefault(name, {})
-                for k, v in op_stats(operator).items():
-                    kept[k] = kept.get(k, 0) + v
-            await self.engine.drop_unit(u)
-        units: list[Unit] = []
-        for ex, part in zip(executors, parts, strict=True):
-            unit = self.engine.unit(app_id=self.app_id, uid=self._next_uid, executor=ex, queue=seg)
-            self._next_uid += 1
-            unit.follow(primary, {op: part})
-            await self.engine.add_unit(unit)
-            units.append(unit)
-        seg.units, seg.unit, seg.executor = units, units[0], units[0].executor
-        log.info("app %s: %s now runs as %d instance(s) on %s", self.app_id, op, n, self.me)
-
-    async def _snapshot(self, seg: Segment) -> dict[str, bytes]:
-        """The states of ``seg``'s operators (its replicas' merged) for a checkpoint."""
-        assert seg.unit is not None
-        if seg.replicas == 1:
-            return await self.engine.snapshot(seg.unit)
-        snaps = [await self.engine.snapshot(u) for u in seg.units]
-        return {op: merge_snapshots([s[op] for s in snaps]) for op in snaps[0]}
-
-    def _pop(self, seg: Segment) -> None:
-        item = seg.inbox.popleft()
-        item.popped = True
-        if item.local:
-            seg.local_items -= 1
-            seg.room.set()
-
-    async def _watermark(self, seg: Segment, item: Item, wm: int, wall: float) -> None:
-        assert seg.unit is not None
-        tracker = seg.watermarks.setdefault(item.producer, {})
-        merged = merged_watermark(self.topology, tracker, item.producer, item.sender, wm)
-        if seg.replicas == 1:
-            emitted = await seg.unit.watermark(item.producer, merged)
-        else:
-            outs = await asyncio.gather(*(u.watermark(item.producer, merged) for u in seg.units))
-            emitted = combine(outs)
-        await self.router.forward(emitted, [Trace(0, wall)], wall=wall)
-        if wm >= FINAL_WATERMARK:  # the channel ended: alignment stops waiting for it
-            epoch = seg.align.finish((item.producer, item.sender))
-            if epoch is not None:
-                await self._aligned(seg, epoch)
+        """Ask ``seg`` for ``replicas`` replicas (:mod:`.replication`)."""
+        return self.replication.resize(seg, replicas)
 
     # -- sinks ------------------------------------------------------------------------
 
