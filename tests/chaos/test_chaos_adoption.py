@@ -19,7 +19,7 @@ from agiledart.runtime import scheduler as scheduling
 from agiledart.runtime.links import Address
 from agiledart.runtime.records import record_key
 from agiledart.runtime.scheduler import AppRecord, Scheduler
-from agiledart.runtime.service import left_to
+from agiledart.runtime.takeover import left_to
 
 
 class Store:
