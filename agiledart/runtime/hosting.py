@@ -74,7 +74,7 @@ class Hosting:
             log.warning("cannot build app %s here", d.app_id, exc_info=True)
             msg = f"app {d.app_id} cannot run on {self.rt.name}: {type(exc).__name__}: {exc}"
             raise ExecutionError(msg) from exc
-        inst.launch(self.rt._group)
+        inst.start(self.rt._group)
         self.rt.instances[d.app_id] = inst
         if d.restore is not None:
             self.rt.restored += 1
@@ -83,7 +83,7 @@ class Hosting:
             await inst.wait_ready()  # "deployed" means ready: workers up, code loaded
         except ExecutionError:
             self.rt.instances.pop(d.app_id, None)
-            await inst.stop()
+            await inst.aclose()
             raise
         return {"deployed": True, "operators": inst.local_ops}
 
@@ -96,7 +96,7 @@ class Hosting:
         self.rt.rebound.pop(app_id_of(req), None)
         if inst is not None:
             self.manifest_changed()
-            await inst.stop()
+            await inst.aclose()
             if self.rt.relay is not None:
                 self.rt.relay.forget(inst.app_id)
         return {"undeployed": inst is not None}

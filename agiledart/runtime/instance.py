@@ -265,8 +265,9 @@ class AppInstance:
 
     # -- lifecycle --------------------------------------------------------------------
 
-    def launch(self, group: asyncio.TaskGroup) -> None:
-        """Start the segments (they wait for input); sources wait for :meth:`start`."""
+    def start(self, group: asyncio.TaskGroup) -> None:
+        """Start the instance's task in ``group``: its segments wait for input, its
+        sources for :meth:`start_sources`; every other task is a child of that one."""
         self._runner = group.create_task(self._run(), name=f"app {self.app_id}")
 
     async def wait_ready(self) -> None:
@@ -287,7 +288,8 @@ class AppInstance:
             self.started_at_wall = time.time()
         self._started.set()
 
-    async def stop(self) -> None:
+    async def aclose(self) -> None:
+        """Stop every task of the instance and close its sinks."""
         if self._group is not None:  # mqtt dead letters still queued: a moment to go out
             await self.local_sinks.drain_dead_letters()
         if self._runner is not None:

@@ -232,7 +232,7 @@ class AppRuntime:
         for task in list(self._reports):
             task.cancel()
         for inst in list(self.instances.values()):
-            await inst.stop()
+            await inst.aclose()
         self.instances.clear()
         if self.relay is not None:
             await self.relay.aclose()
