@@ -7,13 +7,16 @@ The scheduler sends every hosting peer the same :class:`Deployment` (spec, which
 hosts each node, peer addresses). Each peer builds an :class:`AppInstance` from it:
 
 * **Tasks.** Every local source runs in its own task (the connector paces it). The
-  local operators are split into *segments*: connected groups of operators joined by
-  local edges, each driven by one :class:`~agiledart.app.local.Executor` in one task
-  that owns an inbox. A segment through which a path leaves the peer and comes back is
-  split into single operators, so no task ever waits on a peer that waits on it (tasks
-  form a DAG like the app, so back-pressure cannot deadlock).
-* **Edges.** Records for a node on another peer leave through an :class:`OutEdge`
-  (one per producer and destination peer): batches of up to ``batch_records`` records,
+  local operators are split into *segments* (:mod:`agiledart.runtime.topology`, pure):
+  connected groups of operators joined by local edges, each driven by one
+  :class:`~agiledart.app.local.Executor` in one task that owns an inbox
+  (:mod:`agiledart.runtime.segloop`). A segment through which a path leaves the peer
+  and comes back is split into single operators, so no task ever waits on a peer that
+  waits on it (tasks form a DAG like the app, so back-pressure cannot deadlock). The
+  instance's task owns all of them; :meth:`AppInstance.aclose` ends them.
+* **Edges.** Records for a node on another peer leave through an
+  :class:`~agiledart.runtime.edges.OutEdge` (one per producer and destination peer,
+  routed by :mod:`agiledart.runtime.routing`): batches of up to ``batch_records`` records,
   flushed when full, when the task producing them has nothing more to do, or
   ``linger_s`` after the first record waited, whichever comes first; sent as one-way
   ``data`` frames, each costing one credit. The receiver puts
@@ -31,7 +34,11 @@ hosts each node, peer addresses). Each peer builds an :class:`AppInstance` from 
   aggregates; results fired by a watermark carry the watermark's own source time. A
   sink records ``now - source time`` as end-to-end latency.
 * **End.** A local sink is done when every one of its inputs delivered the final
-  watermark; it flushes, and the instance reports it to the scheduler.
+  watermark; it flushes, and the instance reports it to the scheduler
+  (:mod:`agiledart.runtime.sinks`).
+
+Checkpoints are :mod:`agiledart.runtime.snapshots`, replicas of a scaled-up operator
+:mod:`agiledart.runtime.replication`; this module is the instance's lifecycle.
 """
 
 from __future__ import annotations
