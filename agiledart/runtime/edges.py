@@ -230,7 +230,7 @@ class Origin:
 class InEdge:
     """The receiving end of one edge: copies dropped, one credit back per batch done."""
 
-    __slots__ = ("app_id", "duplicates", "edge", "generation", "grantor", "sequence")
+    __slots__ = ("app_id", "duplicates", "edge", "generation", "grantor", "sequence", "started")
 
     def __init__(self, *, app_id: str, edge: str, credits: int, generation: int = 0) -> None:
         self.app_id = app_id
@@ -239,9 +239,20 @@ class InEdge:
         self.sequence = SequenceTracker()
         self.grantor = CreditGrantor(credits, min_grant=1)
         self.duplicates = 0
+        self.started = False
 
     def receive(self, batch: Batch) -> bool:
-        """True: a new batch, to process; False: a copy of one already received."""
+        """True: a new batch, to process; False: a copy of one already received.
+
+        The edge's numbering starts at the first batch that arrives: an instance
+        deployed here again while its sender went on (the same generation) takes the
+        sender's numbers from where they are."""
+        if not self.started:
+            self.started = True
+            self.sequence = SequenceTracker(next_expected=batch.seq)
+        return self._receive(batch)
+
+    def _receive(self, batch: Batch) -> bool:
         ahead = batch.seq - self.sequence.next_expected
         if ahead > AHEAD_PER_CREDIT * self.grantor.capacity:
             msg = f"edge {self.edge}: batch {batch.seq} runs {ahead} ahead of the first missing"

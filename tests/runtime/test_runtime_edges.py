@@ -55,5 +55,15 @@ def test_a_sender_beyond_its_credit_breaks_the_protocol() -> None:
 
 def test_a_sender_far_ahead_of_its_own_numbers_breaks_the_protocol() -> None:
     edge = InEdge(app_id="app", edge="src|sender", credits=2)
+    assert edge.receive(batch(0))
     with pytest.raises(ProtocolError):
         edge.receive(batch(10_000))
+
+
+def test_an_edge_takes_the_senders_numbers_from_its_first_batch() -> None:
+    """An instance deployed here again while its sender went on: no gap to wait for."""
+    edge = InEdge(app_id="app", edge="src|sender", credits=2)
+    assert edge.receive(batch(50_000))
+    assert not edge.receive(batch(50_000))
+    assert edge.receive(batch(50_001))
+    assert edge.sequence.statistics().missing == 0
