@@ -80,7 +80,7 @@ class Batch:
         if not isinstance(raw, list):
             msg = "batch traces must be an array"
             raise BatchDecodeError(msg)
-        return cls(edge, seq, records, tuple(_trace_point(t, len(records)) for t in raw))
+        return cls(edge, seq, records, _trace_points(raw, len(records)) if raw else ())
 
     def encode(self) -> bytes:
         """The msgpack frame; a record msgpack cannot carry is a DataPlaneUsageError."""
@@ -100,6 +100,30 @@ class Batch:
             msg = f"not a msgpack batch: {type(e).__name__}: {e}"
             raise BatchDecodeError(msg) from e
         return cls.from_dict(obj)
+
+
+_new = tuple.__new__
+
+
+def _trace_points(raw: list[Any], n: int) -> tuple[TracePoint, ...]:
+    """The batch's trace tags, checked; the common well-formed tag costs one pass of
+    cheap type tests and two tuples (the data path parses ~5% of records' tags)."""
+    out: list[TracePoint] = []
+    for t in raw:
+        if type(t) is list and len(t) == 3:
+            index, trace_id, ts = t
+            if (
+                type(index) is int
+                and 0 <= index < n
+                and type(trace_id) is int
+                and 0 <= trace_id <= _U63
+                and type(ts) is float
+                and ts - ts == 0.0  # finite
+            ):
+                out.append(_new(TracePoint, (index, _new(Trace, (trace_id, ts)))))
+                continue
+        out.append(_trace_point(t, n))  # the slow path: converts, or says what is wrong
+    return tuple(out)
 
 
 def _trace_point(t: object, n: int) -> TracePoint:

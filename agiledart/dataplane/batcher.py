@@ -84,7 +84,10 @@ class Batcher:
             self._deadline = now + self.max_delay_ms
         if traces:
             base = len(pending)
-            self._traces.extend(TracePoint(base + tp.position, tp.trace) for tp in traces)
+            if base:
+                self._traces.extend(TracePoint(base + tp.position, tp.trace) for tp in traces)
+            else:
+                self._traces.extend(traces)
         pending.extend(records)
         deadline = self._deadline
         return len(pending) >= self.max_records or (deadline is not None and now >= deadline)
