@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -29,11 +29,10 @@ _KEYS_T = frozenset({"e", "s", "r", "t"})
 _U63 = (1 << 63) - 1
 
 
-@dataclass(frozen=True, slots=True)
-class TracePoint:
-    """A sampled record inside a batch: its position and its trace."""
+class TracePoint(NamedTuple):
+    """A sampled record inside a batch: its position and its trace (a tuple: cheap)."""
 
-    index: int
+    position: int  #: the record's index in the batch
     trace: Trace
 
 
@@ -49,12 +48,12 @@ class Batch:
     def traced(self) -> Iterator[tuple[Record, Trace]]:
         """The sampled records with their traces."""
         for tp in self.traces:
-            yield self.records[tp.index], tp.trace
+            yield self.records[tp.position], tp.trace
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"e": self.edge, "s": self.seq, "r": self.records}
         if self.traces:
-            d["t"] = [[tp.index, tp.trace.trace_id, tp.trace.source_ts] for tp in self.traces]
+            d["t"] = [[tp.position, tp.trace.trace_id, tp.trace.source_ts] for tp in self.traces]
         return d
 
     @classmethod
@@ -81,7 +80,7 @@ class Batch:
         if not isinstance(raw, list):
             msg = "batch traces must be an array"
             raise BatchDecodeError(msg)
-        return cls(edge, seq, records, tuple(_trace_point(t, len(records)) for t in raw))
+        return cls(edge, seq, records, _trace_points(raw, len(records)) if raw else ())
 
     def encode(self) -> bytes:
         """The msgpack frame; a record msgpack cannot carry is a DataPlaneUsageError."""
@@ -101,6 +100,30 @@ class Batch:
             msg = f"not a msgpack batch: {type(e).__name__}: {e}"
             raise BatchDecodeError(msg) from e
         return cls.from_dict(obj)
+
+
+_new = tuple.__new__
+
+
+def _trace_points(raw: list[Any], n: int) -> tuple[TracePoint, ...]:
+    """The batch's trace tags, checked; the common well-formed tag costs one pass of
+    cheap type tests and two tuples (the data path parses ~5% of records' tags)."""
+    out: list[TracePoint] = []
+    for t in raw:
+        if type(t) is list and len(t) == 3:
+            index, trace_id, ts = t
+            if (
+                type(index) is int
+                and 0 <= index < n
+                and type(trace_id) is int
+                and 0 <= trace_id <= _U63
+                and type(ts) is float
+                and ts - ts == 0.0  # finite
+            ):
+                out.append(_new(TracePoint, (index, _new(Trace, (trace_id, ts)))))
+                continue
+        out.append(_trace_point(t, n))  # the slow path: converts, or says what is wrong
+    return tuple(out)
 
 
 def _trace_point(t: object, n: int) -> TracePoint:

@@ -6,6 +6,8 @@ and then calls :meth:`Batcher.poll`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from agiledart.dataplane.batch import Batch, Record, TracePoint
 from agiledart.dataplane.errors import DataPlaneUsageError
 from agiledart.dataplane.trace import Trace
@@ -69,6 +71,43 @@ class Batcher:
         if len(records) >= self.max_records or (deadline is not None and now >= deadline):
             return self.flush()
         return None
+
+    def extend(
+        self, records: Sequence[Record], now: float, traces: Sequence[TracePoint] = ()
+    ) -> bool:
+        """Append ``records`` at once (``traces`` index into ``records``); True when the
+        size or time limit is reached: then take the batches with :meth:`cut`."""
+        if not records:
+            return False
+        pending = self._records
+        if not pending:
+            self._deadline = now + self.max_delay_ms
+        if traces:
+            base = len(pending)
+            if base:
+                self._traces.extend(TracePoint(base + tp.position, tp.trace) for tp in traces)
+            else:
+                self._traces.extend(traces)
+        pending.extend(records)
+        deadline = self._deadline
+        return len(pending) >= self.max_records or (deadline is not None and now >= deadline)
+
+    def cut(self) -> Batch | None:
+        """The oldest pending records, at most ``max_records``, as the next batch (``None``
+        if nothing is pending); the rest stays pending, its deadline unchanged."""
+        pending, size = self._records, self.max_records
+        if len(pending) <= size:
+            return self.flush()
+        self._records = pending[size:]
+        traces = self._traces
+        if traces:
+            self._traces = [
+                TracePoint(tp.position - size, tp.trace) for tp in traces if tp.position >= size
+            ]
+            traces = [tp for tp in traces if tp.position < size]
+        batch = Batch(self.edge, self.next_seq, pending[:size], tuple(traces))
+        self.next_seq += 1
+        return batch
 
     def poll(self, now: float) -> Batch | None:
         """Return the pending batch if its deadline has passed."""

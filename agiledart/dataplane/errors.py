@@ -12,7 +12,8 @@
         ├── BrokenResourceError  the other end went away (remote)
         └── ProtocolError        remote misbehaviour: the peer broke the protocol,
             │                    e.g. sent more records than it had credit for
-            └── BatchDecodeError bytes or a dict that are not a valid batch
+            └── FrameError       a wire frame (data, wm, bar, credit) of the wrong shape
+                └── BatchDecodeError  bytes or a dict that are not a valid batch
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "ClosedResourceError",
     "DataPlaneError",
     "DataPlaneUsageError",
+    "FrameError",
     "ProtocolError",
     "WouldBlock",
 ]
@@ -54,5 +56,9 @@ class ProtocolError(DataPlaneError):
     """The remote end broke the data-plane protocol."""
 
 
-class BatchDecodeError(ProtocolError):
+class FrameError(ProtocolError):
+    """A wire frame of the data plane that does not decode to its typed value."""
+
+
+class BatchDecodeError(FrameError):
     """Bytes or a mapping that do not decode to a valid :class:`Batch`."""

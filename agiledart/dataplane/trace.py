@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from agiledart.dataplane.errors import DataPlaneUsageError
 
 __all__ = ["Trace", "TraceSampler", "trace_latency"]
 
 
-@dataclass(frozen=True, slots=True)
-class Trace:
+class Trace(NamedTuple):
+    """A sampled tuple's trace; a plain tuple ``(trace_id, source_ts)``, so that the
+    data path carries it at the cost of a tuple."""
+
     trace_id: int
     source_ts: float  # milliseconds, the source's clock
 
@@ -53,6 +55,20 @@ class TraceSampler:
         self._skip = self._draw()
         self.sampled += 1
         return Trace(self._rng.getrandbits(63), now)
+
+    def sample_batch(self, n: int, now: float) -> list[tuple[int, Trace]]:
+        """:meth:`sample` for ``n`` tuples at once, as (index, trace) of the sampled ones;
+        the same draws as ``n`` calls, at one step per sampled tuple."""
+        out: list[tuple[int, Trace]] = []
+        i = self._skip
+        self.seen += n
+        while i < n:
+            self._skip = self._draw()
+            self.sampled += 1
+            out.append((i, Trace(self._rng.getrandbits(63), now)))
+            i += 1 + self._skip
+        self._skip = i - n
+        return out
 
 
 def trace_latency(trace: Trace, now: float) -> float:

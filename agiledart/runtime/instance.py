@@ -7,13 +7,16 @@ The scheduler sends every hosting peer the same :class:`Deployment` (spec, which
 hosts each node, peer addresses). Each peer builds an :class:`AppInstance` from it:
 
 * **Tasks.** Every local source runs in its own task (the connector paces it). The
-  local operators are split into *segments*: connected groups of operators joined by
-  local edges, each driven by one :class:`~agiledart.local.executor.Executor` in one task
-  that owns an inbox. A segment through which a path leaves the peer and comes back is
-  split into single operators, so no task ever waits on a peer that waits on it (tasks
-  form a DAG like the app, so back-pressure cannot deadlock).
-* **Edges.** Records for a node on another peer leave through an :class:`OutEdge`
-  (one per producer and destination peer): batches of up to ``batch_records`` records,
+  local operators are split into *segments* (:mod:`agiledart.runtime.topology`, pure):
+  connected groups of operators joined by local edges, each driven by one
+  :class:`~agiledart.local.executor.Executor` in one task that owns an inbox
+  (:mod:`agiledart.runtime.segloop`). A segment through which a path leaves the peer
+  and comes back is split into single operators, so no task ever waits on a peer that
+  waits on it (tasks form a DAG like the app, so back-pressure cannot deadlock). The
+  instance's task owns all of them; :meth:`AppInstance.aclose` ends them.
+* **Edges.** Records for a node on another peer leave through an
+  :class:`~agiledart.runtime.edges.OutEdge` (one per producer and destination peer,
+  routed by :mod:`agiledart.runtime.routing`): batches of up to ``batch_records`` records,
   flushed when full, when the task producing them has nothing more to do, or
   ``linger_s`` after the first record waited, whichever comes first; sent as one-way
   ``data`` frames, each costing one credit. The receiver puts
@@ -31,438 +34,73 @@ hosts each node, peer addresses). Each peer builds an :class:`AppInstance` from 
   aggregates; results fired by a watermark carry the watermark's own source time. A
   sink records ``now - source time`` as end-to-end latency.
 * **End.** A local sink is done when every one of its inputs delivered the final
-  watermark; it flushes, and the instance reports it to the scheduler.
+  watermark; it flushes, and the instance reports it to the scheduler
+  (:mod:`agiledart.runtime.sinks`).
+
+Checkpoints are :mod:`agiledart.runtime.snapshots`, replicas of a scaled-up operator
+:mod:`agiledart.runtime.replication`; this module is the instance's lifecycle.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import logging
-import os
 import random
-import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
-
-import msgpack
+from typing import TYPE_CHECKING, Any
 
 from agiledart.app.errors import ExecutionError
 from agiledart.app.functions import Resolver
-from agiledart.app.spec import AppSpec
-from agiledart.dataplane import CreditWindow, KeyPartitioner
-from agiledart.local.executor import Emission, Executor
+from agiledart.dataplane import Batch
+from agiledart.local.executor import Executor
 from agiledart.operators import BoundedOutOfOrderness
-from agiledart.operators.base import FINAL_WATERMARK, MIN_WATERMARK, OperatorStats, Record
-from agiledart.overlay.errors import MalformedError, OverlayError
+from agiledart.operators.base import MIN_WATERMARK, Record
 from agiledart.runtime.code import code_ids_in
 from agiledart.runtime.confine import DataPolicy
-from agiledart.runtime.connectors import Sink, SourceConnector, open_sink, open_source
-from agiledart.runtime.deadletters import DeadLetters
-from agiledart.runtime.epochs import Alignment, Channel
+from agiledart.runtime.connectors import SourceConnector, open_source
+from agiledart.runtime.deployment import Deployment, InstanceOptions
+from agiledart.runtime.edges import OutEdge, ReplyChannel
+from agiledart.runtime.epochs import Alignment
 from agiledart.runtime.errors import PeerLost
 from agiledart.runtime.execution import EngineConfig
-from agiledart.runtime.execution.engines import Engine, InlineEngine, Unit
-from agiledart.runtime.links import Address, Links
-from agiledart.runtime.metrics import InstanceMeter, LatencyHistogram, quantile
-from agiledart.runtime.mqtt import BrokerPool, MqttSink, MqttSource
-from agiledart.runtime.recovery import CheckpointError, Holder, Uplink, fit_code, load, save
-from agiledart.runtime.replicas import (
-    PARTITIONABLE_STATE,
-    combine,
-    merge_snapshots,
-    split_records,
-    split_snapshot,
-)
+from agiledart.runtime.execution.engines import Engine, InlineEngine
+from agiledart.runtime.links import Links
+from agiledart.runtime.mqtt import BrokerPool, MqttSource
+from agiledart.runtime.recovery import Holder, Uplink
+from agiledart.runtime.replication import Replication
+from agiledart.runtime.routing import Router
 from agiledart.runtime.scaling import ElasticDriver
-from agiledart.runtime.twophase import SpooledSink
+from agiledart.runtime.segloop import SegmentLoop
+from agiledart.runtime.segments import (
+    Segment,
+    seg_op_stats,
+)
+from agiledart.runtime.sinks import LocalSinks, SinkState, Tracer
+from agiledart.runtime.snapshots import InstanceCheckpoints
+from agiledart.runtime.topology import LocalTopology, replicable
 
 if TYPE_CHECKING:
     from agiledart.runtime.relay import Relay
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AppInstance", "Deployment", "InstanceOptions", "OutEdge"]
-
-#: (trace id, source wall-clock ms); trace id 0 marks a watermark's source time
-TraceTag = tuple[int, float]
+__all__ = [
+    "AppInstance",
+    "Deployment",
+    "InstanceOptions",
+    "OutEdge",
+    "ReplyChannel",
+    "Segment",
+    "SinkState",
+]
 
 
 def now_ms() -> float:
     return time.time() * 1000.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class InstanceOptions:
-    batch_records: int = 1000  #: records per data frame, at most
-    linger_s: float = 0.005  #: a partial batch leaves this long after its first record
-    credits: int = 32  #: batches in flight per edge
-    source_queue: int = 4  #: source batches waiting in a segment's inbox, at most
-    trace_rate: float = 0.05
-    watermark_interval_s: float = 0.01  #: a source's watermarks go out at most this often
-    overload: str = "block"  #: block | shed, for sources that fall behind
-
-
-@dataclass(frozen=True, kw_only=True)
-class Deployment:
-    """What the scheduler tells every hosting peer."""
-
-    app_id: str
-    spec: AppSpec
-    hosts: dict[str, tuple[str, ...]]  #: node id -> peer names hosting it
-    addresses: dict[str, Address]  #: peer name -> address
-    scheduler: Address
-    #: incremented by every recovery: frames and reports of an older one are dropped
-    generation: int = 0
-    #: the committed checkpoint to start from (epochs.py), None: from the beginning
-    restore: dict[str, Any] | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "app_id": self.app_id,
-            "spec": self.spec.to_dict(),
-            "hosts": {k: list(v) for k, v in self.hosts.items()},
-            "addresses": {k: list(v) for k, v in self.addresses.items()},
-            "scheduler": list(self.scheduler),
-            "generation": self.generation,
-            "restore": self.restore,
-        }
-
-    @classmethod
-    def from_wire(cls, raw: dict[str, Any], parse: Callable[[Any], AppSpec]) -> Deployment:
-        try:
-            app_id = raw["app_id"]
-            if not isinstance(app_id, str) or not _APP_ID_RE.match(app_id):
-                msg = f"app id must be letters, digits, '-' or '_' (1-96), got {app_id!r}"
-                raise ValueError(msg)
-            hosts = {str(k): _names(v) for k, v in raw["hosts"].items()}
-            addresses = {str(k): _address(v) for k, v in raw["addresses"].items()}
-            d = cls(
-                app_id=app_id,
-                spec=parse(raw["spec"]),
-                hosts=hosts,
-                addresses=addresses,
-                scheduler=_address(raw["scheduler"]),
-                generation=int(raw.get("generation", 0)),
-                restore=_restore_plan(raw.get("restore")),
-            )
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-            msg = f"malformed deployment: {type(exc).__name__}: {exc}"
-            raise ExecutionError(msg) from exc
-        nodes = [s.id for s in d.spec.sources] + [node for node, _ in _fed(d.spec)]
-        unhosted = sorted(n for n in nodes if not d.hosts.get(n))
-        unknown = sorted({p for ps in d.hosts.values() for p in ps} - set(d.addresses))
-        if unhosted or unknown:
-            msg = f"deployment places no peer for {unhosted} or has no address for {unknown}"
-            raise ExecutionError(msg)
-        return d
-
-
-_APP_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,95}$")
-
-
-def _names(raw: Any) -> tuple[str, ...]:
-    if not isinstance(raw, list | tuple) or not all(isinstance(x, str) and x for x in raw):
-        msg = f"hosts must be lists of peer names, got {raw!r}"
-        raise TypeError(msg)
-    return tuple(raw)
-
-
-def _address(raw: Any) -> Address:
-    if not (
-        isinstance(raw, list | tuple)
-        and len(raw) == 2
-        and isinstance(raw[0], str)
-        and type(raw[1]) is int
-        and 0 < raw[1] < 65536
-    ):
-        msg = f"an address is [host, port], got {raw!r}"
-        raise TypeError(msg)
-    return (raw[0], raw[1])
-
-
-@dataclass
-class EdgeStatistics:
-    records: int = 0
-    batches: int = 0
-    credit_waits: int = 0
-    wait_s: float = 0.0  #: time spent waiting for credit or the emulated uplink
-
-
-class OutEdge:
-    """Records from one local node to its consumers on one other peer."""
-
-    def __init__(
-        self,
-        *,
-        app_id: str,
-        producer: str,
-        sender: str,
-        dest: str,
-        address: Address,
-        links: Links,
-        options: InstanceOptions,
-        spawn: Callable[[Awaitable[None]], Any],
-        relay: Relay | None = None,
-        generation: int = 0,
-        uplink: Uplink | None = None,
-    ) -> None:
-        self.app_id = app_id
-        self.generation = generation
-        self.uplink = uplink  #: the peer's emulated upload rate, which data shares
-        self.relay = relay
-        #: a relayed edge fills its batches for a link slot: every packet costs attempts
-        self.linger_s = (
-            options.linger_s
-            if relay is None
-            else max(options.linger_s, relay.model.slot_ms / 1000.0)
-        )
-        self.producer = producer
-        self.dest = dest
-        self.address = address
-        self.id = f"{producer}|{sender}"
-        self.links = links
-        self.options = options
-        self.window = CreditWindow(options.credits)
-        self.stats = EdgeStatistics()
-        self._credit = asyncio.Event()
-        self._credit.set()
-        self._gone = False
-        self._pending: list[Record] = []
-        self._traces: list[list[Any]] = []
-        self._lock = asyncio.Lock()
-        self._seq = 0
-        self._timer: asyncio.TimerHandle | None = None
-        self._spawn = spawn
-
-    @property
-    def pending(self) -> int:
-        """Records waiting for their batch to fill (or for the linger to end)."""
-        return len(self._pending)
-
-    def grant(self, n: int) -> None:
-        self.window.grant(n)
-        self._credit.set()
-
-    def gone(self) -> None:
-        """The destination answered that it does not run the app (it restarted and
-        lost its instances): no credit will ever come, the next send raises."""
-        self._gone = True
-        self._credit.set()
-
-    def _check_gone(self) -> None:
-        if self._gone:
-            raise PeerLost(self.dest, f"it no longer runs app {self.app_id} (restarted?)")
-
-    async def send(self, records: list[Record], traces: list[TraceTag]) -> None:
-        if not records:
-            return
-        base = len(self._pending)
-        self._pending.extend(records)
-        for i, (tid, ts) in enumerate(traces):
-            self._traces.append([base + min(i, len(records) - 1), tid, ts])
-        if len(self._pending) >= self.options.batch_records:
-            await self.flush()
-        elif self._timer is None:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(self.linger_s, self._linger)
-
-    async def flush_idle(self) -> None:
-        """The producer went idle: a partial batch leaves now (a relayed one lingers)."""
-        if self._pending and self.relay is None:
-            await self.flush()
-
-    def _linger(self) -> None:
-        self._timer = None
-        if self._pending:
-            self._spawn(self.flush())
-
-    async def flush(self) -> None:
-        async with self._lock:
-            while self._pending:
-                size = self.options.batch_records
-                records, self._pending = self._pending[:size], self._pending[size:]
-                traces = [t for t in self._traces if t[0] < size]
-                self._traces = [[t[0] - size, t[1], t[2]] for t in self._traces if t[0] >= size]
-                await self._send_batch(records, traces)
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-
-    async def _send_batch(self, records: list[Record], traces: list[list[Any]]) -> None:
-        if not self.window.can_send():
-            started = time.monotonic()
-            while not self.window.can_send():
-                self._check_gone()
-                self.stats.credit_waits += 1
-                self._credit.clear()
-                await self._credit.wait()
-            self.stats.wait_s += time.monotonic() - started
-        self.window.consume()
-        batch: dict[str, Any] = {"e": self.id, "s": self._seq, "r": records}
-        if traces:
-            batch["t"] = traces
-        if self.uplink is not None:  # the emulated link: the batch takes its time
-            started = time.monotonic()
-            await self.uplink.send(len(msgpack.packb(batch)))
-            self.stats.wait_s += time.monotonic() - started
-        self._seq += 1
-        body = {"a": self.app_id, "p": self.producer, "b": batch, "g": self.generation}
-        if self.relay is not None:
-            await self.relay.submit(self.app_id, self.id, "data", body, self.dest, self.address)
-        else:
-            await self._send("data", body)
-        self.stats.records += len(records)
-        self.stats.batches += 1
-
-    async def watermark(self, wm: int, wall: float) -> None:
-        await self.flush()
-        async with self._lock:
-            body = {"a": self.app_id, "p": self.producer, "w": wm, "c": wall}
-            body["g"] = self.generation
-            if self.relay is not None:
-                await self.relay.submit(self.app_id, self.id, "wm", body, self.dest, self.address)
-                return
-            await self._send("wm", body)
-
-    async def barrier(self, epoch: int) -> None:
-        await self.flush()
-        async with self._lock:
-            body = {"a": self.app_id, "p": self.producer, "e": epoch, "g": self.generation}
-            if self.relay is not None:
-                await self.relay.submit(self.app_id, self.id, "bar", body, self.dest, self.address)
-                return
-            await self._send("bar", body)
-
-    async def _send(self, type: str, body: dict[str, Any]) -> None:
-        self._check_gone()
-        try:
-            client = await self.links.client(self.address)
-            await client.send(type, body)
-        except OverlayError as exc:
-            raise PeerLost(self.dest, str(exc)) from None
-
-
-@dataclass
-class _Item:
-    """An inbox entry: a batch or a watermark from ``producer``."""
-
-    producer: str
-    records: list[Record] | None
-    traces: list[TraceTag]
-    wm: int = 0
-    wall: float = 0.0
-    ack: _Ack | None = None
-    local: bool = False
-    sender: str = ""
-    #: a watermark of the same producer and sender that came after this batch while it
-    #: waited (watermarks are merged into queued items, so they cannot pile up)
-    wm_after: int | None = None
-    wall_after: float = 0.0
-    popped: bool = False
-    queued_at: float = 0.0  #: time.monotonic() when it entered the inbox
-    offset: int = 0  #: records already run (a turn takes at most ``turn`` of them)
-    barrier: int | None = None  #: a checkpoint barrier (records None, no watermark)
-
-
-class Tracer(Protocol):
-    def emit(self, type: str, **fields: Any) -> None: ...
-
-
-class ReplyChannel(Protocol):
-    """Where a batch's credit goes back: the connection it came on, or, for a batch
-    relayed over the emulated network, a direct line to its origin."""
-
-    @property
-    def peer_name(self) -> str: ...
-
-    async def send(self, type: str, body: Mapping[str, Any] | None = None) -> None: ...
-
-
-@dataclass
-class _Ack:
-    """Send one credit back when every segment given the batch has processed it."""
-
-    conn: ReplyChannel
-    app_id: str
-    edge: str
-    waiting: int
-    generation: int = 0
-
-    async def done(self) -> None:
-        self.waiting -= 1
-        if self.waiting == 0:
-            body = {"a": self.app_id, "e": self.edge, "n": 1, "g": self.generation}
-            with contextlib.suppress(OverlayError):
-                await self.conn.send("credit", body)
-
-
-@dataclass
-class SinkState:
-    sink: Sink
-    inputs: dict[str, int]  #: input id -> watermark
-    done: bool = False
-    senders: dict[str, dict[str, int]] = field(default_factory=dict)
-    first_at: float | None = None  #: wall-clock s of the first and last write
-    last_at: float | None = None
-    latencies: collections.deque[float] = field(
-        default_factory=lambda: collections.deque(maxlen=4096)
-    )
-    histogram: LatencyHistogram = field(default_factory=LatencyHistogram)  #: every sample
-    align: Alignment = field(default_factory=lambda: Alignment(()))
-    #: what came on channels waiting for the others' barrier: ("d", channel, records,
-    #: traces) or ("w", channel, producer, watermark)
-    held: list[tuple[Any, ...]] = field(default_factory=list)
-
-
-class Segment:
-    """Local operators (one, or a chained group inline), one task, one inbox, run as
-    one :class:`~agiledart.runtime.execution.Unit` of the peer's engine."""
-
-    def __init__(self, ops: list[str], executor: Executor) -> None:
-        self.ops = ops
-        self.executor = executor
-        self.unit: Unit | None = None
-        self.inbox: collections.deque[_Item] = collections.deque()
-        self.pending = 0  #: records and watermarks waiting (the EdgeWise queue length)
-        self.wake = asyncio.Event()
-        self.room = asyncio.Event()
-        self.room.set()
-        self.local_items = 0
-        self.processed = 0
-        #: producer -> sender peer -> watermark, for producers with several instances
-        self.watermarks: dict[str, dict[str, int]] = {}
-        #: (producer, sender) -> its latest inbox item
-        self.last: dict[tuple[str, str], _Item] = {}
-        self.meter = InstanceMeter(time.monotonic())
-        self.align = Alignment(())  #: checkpoint barriers of its input channels
-        self.held: list[_Item] = []  #: items of channels waiting for the others' barrier
-        #: the replicas of a scaled-up operator (agiledart.runtime.replicas); [unit]
-        self.units: list[Unit] = []
-        self.scalable = False  #: whether the operator may run as several replicas here
-        self.split_field: str | None = None  #: what splits a batch over the replicas
-        self.resize_to: int | None = None  #: a change of the replica count, asked for
-        self.resized = asyncio.Event()  #: set when a resize asked for is done
-        #: counters for the scaling controller (agiledart.runtime.scaling), cumulative
-        self.arrived = 0  #: records put in the inbox
-        self.executed = 0  #: records executed
-        self.service_s = 0.0  #: execution time, summed over the replicas
-        self.retired: dict[str, dict[str, int]] = {}  #: counters of replicas gone
-
-    @property
-    def replicas(self) -> int:
-        return max(1, len(self.units))
-
-    def oldest_s(self, now: float) -> float | None:
-        return now - self.inbox[0].queued_at if self.inbox else None
-
-    def rate(self, now: float) -> float:
-        return self.meter.reading(now).rate
 
 
 class AppInstance:
@@ -515,38 +153,26 @@ class AppInstance:
         self.failure: str | None = None
         self.lost_peer: str | None = None  #: the peer whose loss failed this instance
 
-        here = {n for n, peers in d.hosts.items() if me in peers}
-        self.local_ops = [o.id for o in spec.operators if o.id in here]
-        #: operators with several instances: keyed ones get records by key
-        self.parallel = {n for n, peers in d.hosts.items() if len(peers) > 1}
-        self.partition_key = {n: _partition_key(spec, n) for n in self.parallel}
         self.engine = engine or InlineEngine(EngineConfig(workers=0), state_dir / "code")
+        self.topology = topo = LocalTopology.of(spec, d.hosts, me, chains=self.engine.chains)
+        self.local_ops = topo.local_ops
+        #: operators with several instances: keyed ones get records by key
+        self.parallel = topo.parallel
+        self.partition_key = topo.partition_key
         self.resolve = resolve
         self.segments: list[Segment] = []
         self.segment_of: dict[str, Segment] = {}
-        alone = self.parallel if self.engine.chains else set(self.local_ops)
-        for uid, ops in enumerate(_segments(spec, set(self.local_ops), alone=alone)):
+        for uid, ops in enumerate(topo.segments):
             seg = Segment(ops, Executor(spec, resolve, operators=ops))
-            seg.align = Alignment(
-                (p, h)
-                for op in ops
-                for p in spec.operator(op).inputs
-                if p not in ops
-                for h in d.hosts.get(p, ())
-            )
+            seg.align = Alignment(topo.channels(ops))
             seg.unit = self.engine.unit(
                 app_id=self.app_id, uid=uid, executor=seg.executor, queue=seg
             )
             seg.units = [seg.unit]
-            seg.scalable, seg.split_field = _replicable(spec, ops, chained=self.engine.chains)
+            seg.scalable, seg.split_field = replicable(spec, ops, chained=self.engine.chains)
             self.segments.append(seg)
             for op in ops:
                 self.segment_of[op] = seg
-        out_dir = data.sink_dir(self.app_id)
-        local_sinks = [k for k in spec.sinks if k.id in here]
-        self.sinks: dict[str, SinkState] = {}  # opened last: nothing below may leak them
-        #: operator -> its dead-letter sink here (``on_error: dead_letter``), opened last too
-        self.dead_letters: dict[str, DeadLetters] = {}
         self.sources = {
             s.id: open_source(
                 s,
@@ -559,122 +185,98 @@ class AppInstance:
                 checkpointed=spec.checkpointed,
             )
             for s in spec.sources
-            if s.id in here
+            if s.id in topo.sources
         }
         self._source_locks = {sid: asyncio.Lock() for sid in self.sources}
-        self._lowered: set[str] = set()  #: instances told to checkpoint with a lower m, k
-        #: producer id -> local consumers (segments, sinks)
-        self.consumers: dict[str, tuple[list[Segment], list[str]]] = {}
-        for ospec in spec.operators:
-            into = self.segment_of.get(ospec.id)
-            for src in ospec.inputs:
-                if ospec.id in self.parallel:
-                    continue
-                if into is not None and self.segment_of.get(src) is not into:
-                    segs = self.consumers.setdefault(src, ([], []))[0]
-                    if into not in segs:
-                        segs.append(into)
-        for sink_spec in local_sinks:
-            for src in sink_spec.inputs:
-                self.consumers.setdefault(src, ([], []))[1].append(sink_spec.id)
-        #: local producer -> edges to the peers hosting its remote consumers (all records)
-        self.edges: dict[str, list[OutEdge]] = {}
-        #: local producer -> partitioned consumers: (consumer, one target per instance)
-        self.groups: dict[str, list[tuple[str, list[OutEdge | Segment]]]] = {}
-        self.edge_by_id: dict[str, OutEdge] = {}
-        for producer in [*self.sources, *self.local_ops]:
-            full: list[str] = []
-            shared: dict[str, str] = {}  # peer -> parallel consumer it hosts an instance of
-            for node_id, inputs in _fed(spec):
-                if producer not in inputs:
-                    continue
-                for peer in d.hosts[node_id]:
-                    if node_id in self.parallel:
-                        shared[peer] = node_id
-                    elif peer != me and peer not in full:
-                        full.append(peer)
-            both = sorted(set(full) & set(shared))
-            if both:
-                msg = (
-                    f"peer {both[0]} hosts an instance of parallel operator "
-                    f"{shared[both[0]]!r} and another consumer of {producer!r}: give them "
-                    "separate peers"
-                )
-                raise ExecutionError(msg)
-            for peer in [*full, *sorted(p for p in shared if p != me)]:
-                self.edges.setdefault(producer, []).append(self._edge(producer, peer))
-            for node_id, inputs in _fed(spec):
-                if producer in inputs and node_id in self.parallel:
-                    targets: list[OutEdge | Segment] = []
-                    for peer in d.hosts[node_id]:
-                        if peer == me:
-                            targets.append(self.segment_of[node_id])
-                        else:
-                            targets.append(next(e for e in self.edges[producer] if e.dest == peer))
-                    self.groups.setdefault(producer, []).append((node_id, targets))
-        self._split = {e for es in self.groups.values() for _, ts in es for e in ts}
-        self._next_uid = len(self.segments)  #: the next replica's unit id
+        self.local_sinks = LocalSinks(
+            app_id=self.app_id,
+            topology=topo,
+            fail=self.fail,
+            report=self._report,
+            on_sink_done=on_sink_done,
+            spawn=self._spawn,
+            trace=trace,
+        )
+        self.router = Router(
+            app_id=self.app_id,
+            me=me,
+            generation=self.generation,
+            topology=topo,
+            segments=self.segments,
+            segment_of=self.segment_of,
+            sinks=self.local_sinks,
+            options=self.options,
+            addresses=d.addresses,
+            links=links,
+            spawn=self._spawn,
+            relay=relay,
+            uplink=uplink,
+        )
+        self.edges = self.router.edges  #: local producer -> its edges to other peers
+        self.replication = Replication(
+            app_id=self.app_id,
+            me=me,
+            spec=spec,
+            resolve=resolve,
+            engine=self.engine,
+            next_uid=len(self.segments),
+        )
+        self.checkpoints = InstanceCheckpoints(
+            app_id=self.app_id,
+            topology=topo,
+            router=self.router,
+            replication=self.replication,
+            sources=self.sources,
+            source_locks=self._source_locks,
+            segment_of=self.segment_of,
+            links=links,
+            report=self._report,
+            spawn=self._spawn,
+            on_checkpoint=on_checkpoint,
+            holders=holders,
+            uplink=uplink,
+            restore=self.restore,
+        )
+        self.loop = SegmentLoop(
+            topology=topo,
+            router=self.router,
+            replication=self.replication,
+            checkpoints=self.checkpoints,
+            dead_letters=self.local_sinks.dead_letters,
+        )
         #: the scaling controllers of the operators here (agiledart.runtime.scaling)
         self.elastic = ElasticDriver(self, spec.scaling, trace=trace, request=on_scaling)
-        self.received: collections.Counter[str] = collections.Counter()
-        self._partitioners: dict[int, KeyPartitioner] = {}
-        #: producer -> local consumers of its batches from other peers: the consumers
-        #: above, and this peer's instance of any parallel operator it feeds
-        self._remote_inputs: dict[str, tuple[list[Segment], list[str]]] = {
-            src: (list(segs), list(sinks)) for src, (segs, sinks) in self.consumers.items()
-        }
-        for ospec in spec.operators:
-            if ospec.id in self.parallel and ospec.id in self.segment_of:
-                for src in ospec.inputs:
-                    segs = self._remote_inputs.setdefault(src, ([], []))[0]
-                    segs.append(self.segment_of[ospec.id])
-        try:
-            for k in local_sinks:
-                resume = self.restore.get("sinks", {}).get(k.id) if self.restore else None
-                sink = open_sink(
-                    k,
-                    out_dir=out_dir,
-                    brokers=brokers,
-                    resume=resume,
-                    policy=data,
-                    app=(self.app_id, self.me, spec.checkpointed),
-                )
-                self.sinks[k.id] = SinkState(sink, dict.fromkeys(k.inputs, MIN_WATERMARK))
-                self.sinks[k.id].align = Alignment(
-                    (p, h) for p in k.inputs for h in d.hosts.get(p, ())
-                )
-            for op in self.local_ops:
-                letters = spec.operator(op).dead_letter
-                if letters is not None:
-                    self.dead_letters[op] = DeadLetters(
-                        letters, app=self.app_id, op=op, peer=me, out_dir=out_dir,
-                        brokers=brokers, policy=data,
-                    )  # fmt: skip
-        except BaseException:
-            self._close_sinks()
-            raise
-
-    def _edge(self, producer: str, peer: str) -> OutEdge:
-        edge = OutEdge(
-            app_id=self.app_id,
-            producer=producer,
-            sender=self.me,
-            dest=peer,
-            address=self.deployment.addresses[peer],
-            links=self.links,
-            options=self.options,
-            spawn=self._spawn,
-            relay=self.relay if self.relay is not None and self.relay.carries(peer) else None,
-            generation=self.generation,
-            uplink=self.uplink,
+        #: opened last: nothing above may leak them
+        self.local_sinks.open(
+            out_dir=data.sink_dir(self.app_id),
+            brokers=brokers,
+            restore=self.restore,
+            policy=data,
+            checkpointed=spec.checkpointed,
         )
-        self.edge_by_id[f"{edge.id}>{peer}"] = edge
-        return edge
+        self.sinks = self.local_sinks.states
+        self.dead_letters = self.local_sinks.dead_letters
+
+    # -- input from other peers (agiledart.runtime.routing) ----------------------------
+
+    def accept_data(self, producer: str, batch: Batch, conn: ReplyChannel) -> None:
+        self.router.accept_data(producer, batch, conn)
+
+    async def accept_wm(self, producer: str, wm: int, wall: float, sender: str) -> None:
+        await self.router.accept_wm(producer, wm, wall, sender)
+
+    async def accept_barrier(self, producer: str, epoch: int, sender: str) -> None:
+        await self.router.accept_barrier(producer, epoch, sender)
+
+    def grant(self, edge_key: str, n: int, *, gone: bool = False) -> bool:
+        """Credit for an edge; ``gone``: its destination no longer runs the app."""
+        return self.router.grant(edge_key, n, gone=gone)
 
     # -- lifecycle --------------------------------------------------------------------
 
-    def launch(self, group: asyncio.TaskGroup) -> None:
-        """Start the segments (they wait for input); sources wait for :meth:`start`."""
+    def start(self, group: asyncio.TaskGroup) -> None:
+        """Start the instance's task in ``group``: its segments wait for input, its
+        sources for :meth:`start_sources`; every other task is a child of that one."""
         self._runner = group.create_task(self._run(), name=f"app {self.app_id}")
 
     async def wait_ready(self) -> None:
@@ -695,22 +297,15 @@ class AppInstance:
             self.started_at_wall = time.time()
         self._started.set()
 
-    async def stop(self) -> None:
+    async def aclose(self) -> None:
+        """Stop every task of the instance and close its sinks."""
         if self._group is not None:  # mqtt dead letters still queued: a moment to go out
-            for letters in self.dead_letters.values():
-                await letters.drain()
+            await self.local_sinks.drain_dead_letters()
         if self._runner is not None:
             self._runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
-        self._close_sinks()
-
-    def _close_sinks(self) -> None:
-        for state in self.sinks.values():
-            with contextlib.suppress(OSError):
-                state.sink.close()
-        for letters in self.dead_letters.values():
-            letters.close()
+        self.local_sinks.close()
 
     def spawn(self, coro: Awaitable[None]) -> Any:
         """Run ``coro`` as a child of the instance (cancelled with it)."""
@@ -729,22 +324,17 @@ class AppInstance:
             code = code_ids_in(o.fn for o in self.spec.operators if o.id in self.segment_of)
             units = [seg.unit for seg in self.segments if seg.unit is not None]
             if self.restore:
-                await self._restore_states()
+                await self.checkpoints.restore_states()
             await self.engine.open_app(self.app_id, self.spec, units, code)
             self._ready.set()
             async with asyncio.TaskGroup() as group:
                 self._group = group
                 for seg in self.segments:
-                    group.create_task(self._segment_loop(seg))
+                    group.create_task(self.loop.run(seg))
                 for sid, source in self.sources.items():
                     group.create_task(self._source_loop(sid, source))
-                for state in self.sinks.values():
-                    if isinstance(state.sink, MqttSink | SpooledSink):  # its publisher
-                        group.create_task(state.sink.run())
-                for letters in self.dead_letters.values():
-                    publisher = letters.publisher()
-                    if publisher is not None:
-                        group.create_task(publisher)
+                for publisher in self.local_sinks.publishers():
+                    group.create_task(publisher)
                 group.create_task(self._until_failed())  # sinks stay open until stopped
                 group.create_task(self.elastic.run())
         except* Exception as eg:
@@ -759,7 +349,7 @@ class AppInstance:
             self._group = None
             if not self._ready.is_set():  # wait_ready must not wait for ever
                 self._failed.set()
-            self._close_sinks()
+            self.local_sinks.close()
             try:
                 await asyncio.shield(self.engine.close_app(self.app_id))
             except Exception:  # the app is over either way; the peer must live on
@@ -794,8 +384,8 @@ class AppInstance:
                 await emit_now(records)
 
         async def emit_now(records: list[Record]) -> None:
-            traces = self._sample(len(records))
-            await self._deliver(sid, records, traces)
+            traces = self.router.sample(len(records))
+            await self.router.deliver(sid, records, traces)
             for edge in self.edges.get(sid, ()):  # a source's batch leaves whole
                 await edge.flush_idle()
             if loop.time() - last_wm[0] < interval:
@@ -809,599 +399,48 @@ class AppInstance:
             wmgen.observe(records)
             if wmgen.watermark > sent_wm[0]:
                 sent_wm[0] = wmgen.watermark
-                await self._deliver_wm(sid, wmgen.watermark, now_ms())
+                await self.router.deliver_wm(sid, wmgen.watermark, now_ms())
 
         await source.run(emit)
         async with lock:
-            await self._deliver_wm(sid, wmgen.finish(), now_ms())
+            await self.router.deliver_wm(sid, wmgen.finish(), now_ms())
             for edge in self.edges.get(sid, ()):
                 await edge.flush()
 
     # -- checkpoints (agiledart.runtime.epochs) ---------------------------------------
 
-    async def inject_barrier(self, epoch: int) -> None:
-        """Barrier ``epoch`` into every local source's output, between two batches, and
-        each source's offset to the scheduler (or that it has finished)."""
-        for sid, source in self.sources.items():
-            async with self._source_locks[sid]:
-                finished = source.stats.finished
-                if not finished:
-                    await self._deliver_barrier(sid, epoch)
-                offset = (
-                    source.checkpoint(epoch)
-                    if isinstance(source, MqttSource)
-                    else source.stats.emitted
-                )
-            report = {"kind": "source", "id": sid, "offset": offset, "finished": finished}
-            await self._report(epoch, report)
-
     async def _report(self, epoch: int, report: dict[str, Any]) -> None:
         if self.on_checkpoint is not None:
             await self.on_checkpoint({**report, "epoch": epoch, "peer": self.me})
 
-    async def _deliver_barrier(self, producer: str, epoch: int) -> None:
-        segs, sinks = self.consumers.get(producer, ((), ()))
-        for sink in sinks:
-            await self._sink_barrier(sink, (producer, self.me), epoch)
-        for seg in segs:
-            await self._put_local(seg, _Item(producer, None, [], barrier=epoch))
-        for edge in self.edges.get(producer, ()):
-            await edge.barrier(epoch)
-        for _, targets in self.groups.get(producer, ()):
-            for target in targets:
-                if isinstance(target, Segment):
-                    await self._put_local(target, _Item(producer, None, [], barrier=epoch))
-
-    async def accept_barrier(self, producer: str, epoch: int, sender: str) -> None:
-        segs, sinks = self._inputs_of(producer)
-        for sink in sinks:
-            await self._sink_barrier(sink, (producer, sender), epoch)
-        for seg in segs:
-            _append(seg, _Item(producer, None, [], barrier=epoch, sender=sender))
-
-    async def _aligned(self, seg: Segment, epoch: int) -> None:
-        """Every open input of ``seg`` passed barrier ``epoch``: snapshot, forward the
-        barrier, store the snapshot in the background, let the held input in."""
-        assert seg.unit is not None
-        if seg.unit.stateful and self.on_checkpoint is not None:
-            states = await self._snapshot(seg)
-            stateful = sorted(o for o in seg.ops if self.spec.operator(o).stateful)
-            blob = msgpack.packb({o: states[o] for o in stateful})
-            self._spawn(self._save(seg, stateful, epoch, blob))
-        for op in seg.ops:
-            if self._leaves_segment(op, seg):
-                await self._deliver_barrier(op, epoch)
-        if seg.held:
-            seg.inbox.extendleft(reversed(seg.held))
-            seg.held.clear()
-            seg.wake.set()
-
-    def _leaves_segment(self, op: str, seg: Segment) -> bool:
-        return any(n not in seg.ops for n, inputs in _fed(self.spec) if op in inputs) or any(
-            op in k.inputs for k in self.spec.sinks
-        )
-
-    async def _save(self, seg: Segment, ops: list[str], epoch: int, blob: bytes) -> None:
-        cp = self.spec.checkpoint
-        m, k = (1, cp.k) if cp.mode == "replication" else (cp.m, cp.k)
-        instance = f"{'+'.join(seg.ops)}@{self.me}"
-        holders = self.holders(m + k) if self.holders is not None else []
-        fitted = fit_code(m, k, len(holders))
-        if fitted is None:
-            error = "no leaf-set peer can hold its fragments"
-            report = {"kind": "state_failed", "instance": instance, "error": error}
-            await self._report(epoch, report)
-            return
-        if fitted != (m, k):
-            if instance not in self._lowered:
-                self._lowered.add(instance)
-                log.warning(
-                    "app %s: checkpoints of %s use m=%d, k=%d: %d leaf-set peers hold "
-                    "fragments, m=%d, k=%d needs %d",
-                    self.app_id, instance, *fitted, len(holders), m, k, m + k,
-                )  # fmt: skip
-            m, k = fitted
-        try:
-            receipt = await save(
-                self.links,
-                holders,
-                blob,
-                app=self.app_id,
-                instance=instance,
-                epoch=epoch,
-                m=m,
-                k=k,
-                uplink=self.uplink,
-            )
-        except CheckpointError as exc:
-            log.warning(
-                "app %s: checkpoint %d of %s not stored: %s", self.app_id, epoch, instance, exc
-            )
-            failed = {"kind": "state_failed", "instance": instance, "error": str(exc)}
-            await self._report(epoch, failed)
-            return
-        await self._report(
-            epoch,
-            {
-                "kind": "state",
-                "ops": ops,
-                "instance": instance,
-                "holders": [[h.name, list(h.address)] for h in holders],
-                "m": m,
-                "k": k,
-                "bytes": receipt.bytes,
-                "seconds": round(receipt.seconds, 4),
-            },
-        )
-
-    async def _restore_states(self) -> None:
-        """Before anything runs: every stateful operator here gets its state of the
-        committed epoch, fetched from m holders in parallel and decoded."""
-        plan = self.restore
-        wanted = [
-            entry
-            for entry in plan.get("states", ())
-            if entry["peer"] == self.me and any(o in self.segment_of for o in entry["ops"])
-        ]
-
-        async def fetch(entry: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-            holders = [Holder(str(n), (str(a[0]), int(a[1]))) for n, a in entry["holders"]]
-            blob = await load(
-                self.links,
-                holders,
-                app=self.app_id,
-                instance=entry["instance"],
-                epoch=int(plan["epoch"]),
-                m=int(entry["m"]),
-            )
-            return entry, blob
-
-        try:
-            got = await asyncio.gather(*(fetch(e) for e in wanted))
-        except CheckpointError as exc:
-            raise ExecutionError(str(exc)) from None
-        for _, blob in got:
-            states = msgpack.unpackb(blob)
-            for op, data in states.items():
-                seg = self.segment_of.get(op)
-                if seg is not None:
-                    seg.executor.operators[op].restore(data)
-
-    def _sample(self, n: int) -> list[TraceTag]:
-        expected = n * self.options.trace_rate
-        k = int(expected) + (1 if self.rng.random() < expected - int(expected) else 0)
-        if not k:
-            return []
-        ts = now_ms()
-        return [(self.rng.getrandbits(62) + 1, ts) for _ in range(k)]
-
-    async def _deliver(self, producer: str, records: list[Record], traces: list[TraceTag]) -> None:
-        """A local node's output: to local sinks, consuming segments, remote peers."""
-        segs, sinks = self.consumers.get(producer, ((), ()))
-        for sink in sinks:
-            self._write_sink(sink, records, traces, (producer, self.me))
-        for seg in segs:
-            await self._put_local(seg, _Item(producer, records, traces))
-        for edge in self.edges.get(producer, ()):
-            if edge not in self._split:
-                await edge.send(records, traces)
-        for consumer, targets in self.groups.get(producer, ()):
-            for i, part in enumerate(self._partition(consumer, records, len(targets))):
-                if not part:
-                    continue
-                target, tags = targets[i], traces if i == 0 else []
-                if isinstance(target, OutEdge):
-                    await target.send(part, tags)
-                else:
-                    await self._put_local(target, _Item(producer, part, tags))
-
-    def _partition(self, consumer: str, records: list[Record], n: int) -> list[list[Record]]:
-        """Records split over ``n`` instances: by key for keyed operators, else in turn."""
-        parts: list[list[Record]] = [[] for _ in range(n)]
-        field = self.partition_key[consumer]
-        if field is None:
-            for i, r in enumerate(records):
-                parts[i % n].append(r)
-            return parts
-        pick = self._partitioners.setdefault(n, KeyPartitioner(n))
-        for r in records:
-            parts[pick(r.get(field))].append(r)
-        return parts
-
-    async def _deliver_wm(self, producer: str, wm: int, wall: float) -> None:
-        segs, sinks = self.consumers.get(producer, ((), ()))
-        for sink in sinks:
-            await self._sink_wm(sink, producer, wm, self.me)
-        for seg in segs:
-            item = _Item(producer, None, [], wm=wm, wall=wall)
-            await self._put_local(seg, item)
-        for edge in self.edges.get(producer, ()):
-            await edge.watermark(wm, wall)
-        for _, targets in self.groups.get(producer, ()):
-            for target in targets:
-                if isinstance(target, Segment):
-                    item = _Item(producer, None, [], wm=wm, wall=wall)
-                    await self._put_local(target, item)
-
-    async def _put_local(self, seg: Segment, item: _Item) -> None:
-        """A batch or watermark of a node of this peer; waits while the segment holds
-        ``source_queue`` such items."""
-        item.local, item.sender = True, self.me
-        if item.records is None and item.barrier is None and _merge_wm(seg, item):
-            return
-        if item.records is not None and self._merge_batch(seg, item):
-            return
-        while seg.local_items >= self.options.source_queue:
-            seg.room.clear()
-            await seg.room.wait()
-        seg.local_items += 1
-        _append(seg, item)
-
-    def _merge_batch(self, seg: Segment, item: _Item) -> bool:
-        """Append ``item``'s records to the queued batch of the same producer when that
-        batch has not started and stays within ``batch_records``: small outputs (a
-        worker's turn) then cost the queue one entry, not one each."""
-        last = _mergeable(seg, item, self.options.batch_records)
-        if last is None or last.records is None or item.records is None:
-            return False
-        last.records = last.records + item.records  # a new list: batches are shared
-        last.traces = last.traces + item.traces if item.traces else last.traces
-        seg.pending += len(item.records)
-        seg.arrived += len(item.records)
-        return True
-
-    # -- remote input -----------------------------------------------------------------
-
-    def accept_data(self, producer: str, batch: dict[str, Any], conn: ReplyChannel) -> None:
-        """A batch from another peer: into the consuming segments' inboxes, now."""
-        records, traces = _records_and_traces(batch)
-        segs, sinks = self._inputs_of(producer)
-        if segs or sinks:
-            self.received[producer] += len(records)
-        for sink in sinks:
-            self._write_sink(sink, records, traces, (producer, conn.peer_name))
-        edge = str(batch["e"])
-        if not segs:
-            self._spawn(_Ack(conn, self.app_id, edge, 1, self.generation).done())
-            return
-        ack = _Ack(conn, self.app_id, edge, len(segs), self.generation)
-        for seg in segs:
-            if len(seg.inbox) > 4 * self.options.credits * max(1, len(self.consumers)) + 64:
-                msg = f"app {self.app_id}: {conn.peer_name} sent beyond its credit"
-                raise MalformedError(msg)
-            _append(seg, _Item(producer, records, traces, ack=ack, sender=conn.peer_name))
-
-    async def accept_wm(self, producer: str, wm: int, wall: float, sender: str) -> None:
-        segs, sinks = self._inputs_of(producer)
-        for sink in sinks:
-            await self._sink_wm(sink, producer, wm, sender)
-        for seg in segs:
-            item = _Item(producer, None, [], wm=wm, wall=wall, sender=sender)
-            if not _merge_wm(seg, item):
-                _append(seg, item)
-
-    def _inputs_of(self, producer: str) -> tuple[list[Segment], list[str]]:
-        """Local consumers of what ``producer`` sends from other peers."""
-        return self._remote_inputs.get(producer, ([], []))
-
-    def _merged_wm(self, tracker: dict[str, int], producer: str, sender: str, wm: int) -> int:
-        """The watermark of ``producer`` over all its instances (their minimum)."""
-        if producer not in self.parallel:
-            return wm
-        tracker[sender] = max(wm, tracker.get(sender, MIN_WATERMARK))
-        hosts = self.deployment.hosts[producer]
-        return min(tracker.get(h, MIN_WATERMARK) for h in hosts)
-
-    def grant(self, edge_key: str, n: int, *, gone: bool = False) -> bool:
-        """Credit for an edge; ``gone``: its destination no longer runs the app."""
-        edge = self.edge_by_id.get(edge_key)
-        if edge is None:
-            return False
-        if gone:
-            edge.gone()
-        else:
-            edge.grant(n)
-        return True
-
     # -- segments ---------------------------------------------------------------------
-
-    async def _segment_loop(self, seg: Segment) -> None:
-        strict = [o for o in seg.ops if self.spec.operator(o).on_error == "fail"]
-        dead = [o for o in seg.ops if o in self.dead_letters]
-        while True:
-            while not seg.inbox and seg.resize_to is None:
-                seg.wake.clear()
-                await seg.wake.wait()
-            if seg.resize_to is not None:  # between two items: the replicas are idle
-                await self._resize(seg)
-                continue
-            unit = seg.unit
-            assert unit is not None
-            item = seg.inbox[0]
-            channel = (item.producer, item.sender)
-            if seg.align.blocked(channel) and not item.offset:  # after its barrier: wait
-                seg.inbox.popleft()
-                seg.held.append(item)
-                continue
-            turn = unit.turn if unit.turn is None else unit.turn * seg.replicas
-            done = True
-            if item.barrier is not None:
-                self._pop(seg)
-                seg.pending -= 1
-                epoch = seg.align.barrier(channel, item.barrier)
-                if epoch is not None:
-                    await self._aligned(seg, epoch)
-            elif item.records is not None:
-                first, n = item.offset, len(item.records)
-                take = n - first if turn is None else min(turn, n - first)
-                chunk = item.records if take == n else item.records[first : first + take]
-                item.offset += take
-                done = item.offset >= n
-                if done:
-                    self._pop(seg)
-                if take:
-                    start = time.monotonic()
-                    emitted, service_s = await self._feed(seg, item.producer, chunk)
-                    seg.pending -= take
-                    end = time.monotonic()
-                    seg.meter.executed(
-                        max(start, end - service_s),
-                        end,
-                        take,
-                        start - item.queued_at,
-                        worker_wait_s=unit.wait_s,
-                    )
-                    if strict:
-                        _fail_on_error(seg, strict)
-                    if dead:
-                        _post_dead_letters(seg, dead, self.dead_letters)
-                    await self._forward(emitted, item.traces if first == 0 else [])
-                if done and item.wm_after is not None:
-                    await self._watermark(seg, item, item.wm_after, item.wall_after)
-            else:
-                self._pop(seg)
-                await self._watermark(seg, item, item.wm, item.wall)
-                seg.pending -= 1
-            if done:
-                seg.processed += 1
-                if item.ack is not None:
-                    await item.ack.done()
-            if not seg.inbox:  # idle: what waits for the batch to fill leaves now
-                seg.meter.drained(time.monotonic())
-                for op in seg.ops:
-                    for edge in self.edges.get(op, ()):
-                        await edge.flush_idle()
-            await asyncio.sleep(0)  # a full inbox must not starve the peer's other tasks
-
-    async def _feed(
-        self, seg: Segment, producer: str, records: list[Record]
-    ) -> tuple[list[Emission], float]:
-        """One turn of ``records``: on the segment's unit, or split over its replicas
-        (then run at once, on as many workers); the emissions and the turn's longest
-        execution time."""
-        seg.executed += len(records)
-        if seg.replicas == 1:
-            assert seg.unit is not None
-            out = await seg.unit.feed(producer, records)
-            seg.service_s += seg.unit.service_s
-            return out, seg.unit.service_s
-        parts = split_records(records, seg.replicas, seg.split_field)
-        busy = [(u, part) for u, part in zip(seg.units, parts, strict=True) if part]
-        outs = await asyncio.gather(*(u.feed(producer, part) for u, part in busy))
-        seg.service_s += sum(u.service_s for u, _ in busy)
-        return combine(outs), max((u.service_s for u, _ in busy), default=0.0)
 
     # -- elastic scaling (agiledart.runtime.scaling, agiledart.runtime.replicas) ------
 
+    # -- checkpoints and scaling ----------------------------------------------------------
+
+    async def inject_barrier(self, epoch: int) -> None:
+        """Barrier ``epoch`` into every local source's output (:mod:`.snapshots`)."""
+        await self.checkpoints.inject_barrier(epoch)
+
     def resize(self, seg: Segment, replicas: int) -> asyncio.Event:
-        """Ask ``seg`` for ``replicas`` replicas; done between two of its items (the
-        event returned is set then)."""
-        if not seg.scalable:
-            msg = f"operator {'+'.join(seg.ops)} cannot run as several instances here"
-            raise ExecutionError(msg)
-        seg.resized.clear()
-        seg.resize_to = max(1, replicas)
-        seg.wake.set()
-        return seg.resized
-
-    async def _resize(self, seg: Segment) -> None:
-        target, seg.resize_to = seg.resize_to, None
-        try:
-            if target is not None and target != seg.replicas:
-                await self._set_replicas(seg, target)
-        finally:
-            seg.resized.set()
-
-    async def _set_replicas(self, seg: Segment, n: int) -> None:
-        """New replicas for ``seg``'s operator, its state re-split by key among them (a
-        stateless one's watermarks copied to each). The old replicas are dropped only
-        once the new ones are built: a factory that fails leaves the operator as it was."""
-        (op,) = seg.ops
-        old = list(seg.units)
-        primary = old[0]
-        if primary.stateful:
-            snaps = [await self.engine.snapshot(u) for u in old]
-            parts: list[bytes] = split_snapshot(merge_snapshots([s[op] for s in snaps]), n)
-        else:  # no state but its input watermarks, which the peer keeps
-            parts = [primary.executor.snapshot()[op]] * n
-        try:
-            executors = [
-                Executor(self.spec, self.resolve, operators=[op], states={op: part})
-                for part in parts
-            ]
-        except Exception as exc:  # user code (a factory): keep the replicas there are
-            log.warning("app %s: %s stays at %d instance(s): %s", self.app_id, op, len(old), exc)
-            return
-        for u in old:
-            for name, operator in u.executor.operators.items():
-                kept = seg.retired.setdefault(name, {})
-                for k, v in _op_stats(operator).items():
-                    kept[k] = kept.get(k, 0) + v
-            await self.engine.drop_unit(u)
-        units: list[Unit] = []
-        for ex, part in zip(executors, parts, strict=True):
-            unit = self.engine.unit(app_id=self.app_id, uid=self._next_uid, executor=ex, queue=seg)
-            self._next_uid += 1
-            unit.follow(primary, {op: part})
-            await self.engine.add_unit(unit)
-            units.append(unit)
-        seg.units, seg.unit, seg.executor = units, units[0], units[0].executor
-        log.info("app %s: %s now runs as %d instance(s) on %s", self.app_id, op, n, self.me)
-
-    async def _snapshot(self, seg: Segment) -> dict[str, bytes]:
-        """The states of ``seg``'s operators (its replicas' merged) for a checkpoint."""
-        assert seg.unit is not None
-        if seg.replicas == 1:
-            return await self.engine.snapshot(seg.unit)
-        snaps = [await self.engine.snapshot(u) for u in seg.units]
-        return {op: merge_snapshots([s[op] for s in snaps]) for op in snaps[0]}
-
-    def _pop(self, seg: Segment) -> None:
-        item = seg.inbox.popleft()
-        item.popped = True
-        if item.local:
-            seg.local_items -= 1
-            seg.room.set()
-
-    async def _watermark(self, seg: Segment, item: _Item, wm: int, wall: float) -> None:
-        assert seg.unit is not None
-        tracker = seg.watermarks.setdefault(item.producer, {})
-        merged = self._merged_wm(tracker, item.producer, item.sender, wm)
-        if seg.replicas == 1:
-            emitted = await seg.unit.watermark(item.producer, merged)
-        else:
-            outs = await asyncio.gather(*(u.watermark(item.producer, merged) for u in seg.units))
-            emitted = combine(outs)
-        await self._forward(emitted, [(0, wall)], wall=wall)
-        if wm >= FINAL_WATERMARK:  # the channel ended: alignment stops waiting for it
-            epoch = seg.align.finish((item.producer, item.sender))
-            if epoch is not None:
-                await self._aligned(seg, epoch)
-
-    async def _forward(
-        self, emitted: list[Emission], traces: list[TraceTag], *, wall: float | None = None
-    ) -> None:
-        for node, what in emitted:
-            if isinstance(what, list):
-                await self._deliver(node, what, traces)
-            else:
-                await self._deliver_wm(node, what, now_ms() if wall is None else wall)
+        """Ask ``seg`` for ``replicas`` replicas (:mod:`.replication`)."""
+        return self.replication.resize(seg, replicas)
 
     # -- sinks ------------------------------------------------------------------------
 
-    def _write_sink(
-        self, sink_id: str, records: list[Record], traces: list[TraceTag], channel: Channel
-    ) -> None:
-        state = self.sinks[sink_id]
-        if state.align.blocked(channel):  # after its barrier: waits for the others'
-            state.held.append(("d", channel, records, traces))
-            return
-        try:
-            state.sink.write(records)
-        except ExecutionError as exc:
-            self.fail(str(exc))
-            return
-        state.last_at = time.time()
-        if state.first_at is None:
-            state.first_at = state.last_at
-        if traces:
-            now = now_ms()
-            fresh = [now - ts for _, ts in traces]
-            state.latencies.extend(fresh)
-            state.histogram.observe(fresh)
-            if self.trace is not None:
-                for (tid, ts), latency in zip(traces, fresh, strict=True):
-                    self.trace.emit(
-                        "tuple",
-                        app=self.app_id,
-                        sink=sink_id,
-                        trace_id=tid,
-                        source_ts=ts,
-                        sink_ts=now,
-                        latency_ms=round(latency, 3),
-                    )
-
-    async def _sink_barrier(self, sink_id: str, channel: Channel, epoch: int) -> None:
-        state = self.sinks[sink_id]
-        aligned = state.align.barrier(channel, epoch)
-        if aligned is not None:
-            await self._sink_aligned(sink_id, aligned)
-
-    async def _sink_aligned(self, sink_id: str, epoch: int) -> None:
-        """What came before barrier ``epoch`` on every channel is written: commit it."""
-        state = self.sinks[sink_id]
-        commit = getattr(state.sink, "commit", None)
-        try:
-            if isinstance(state.sink, SpooledSink):  # its rows wait for the epoch's commit
-                committed: Any = await state.sink.seal(epoch)
-            else:
-                committed = commit() if commit is not None else None
-        except ExecutionError as exc:
-            self.fail(str(exc))
-            return
-        await self._report(epoch, {"kind": "sink", "id": sink_id, "commit": committed})
-        held, state.held = state.held, []
-        for entry in held:
-            if entry[0] == "d":
-                self._write_sink(sink_id, entry[2], entry[3], entry[1])
-            else:
-                await self._sink_wm(sink_id, entry[2], entry[3], entry[1][1])
-
-    async def _sink_wm(self, sink_id: str, producer: str, wm: int, sender: str = "") -> None:
-        state = self.sinks[sink_id]
-        channel = (producer, sender)
-        if state.align.blocked(channel):
-            state.held.append(("w", channel, producer, wm))
-            return
-        if wm >= FINAL_WATERMARK:
-            epoch = state.align.finish(channel)
-            if epoch is not None:
-                await self._sink_aligned(sink_id, epoch)
-        wm = self._merged_wm(state.senders.setdefault(producer, {}), producer, sender, wm)
-        if producer in state.inputs and wm > state.inputs[producer]:
-            state.inputs[producer] = wm
-        if state.done or any(w < FINAL_WATERMARK for w in state.inputs.values()):
-            return
-        state.done = True
-        state.sink.flush()
-        if isinstance(state.sink, MqttSink | SpooledSink):  # done once the broker has it all
-            self._spawn(self._drained(sink_id, state.sink))
-            return
-        await self.on_sink_done(sink_id, self.sink_info(sink_id))
-
     def checkpoint_committed(self, epoch: int) -> None:
-        """The scheduler committed ``epoch``: sinks holding its output may send it."""
-        for state in self.sinks.values():
-            if isinstance(state.sink, SpooledSink):
-                state.sink.committed_epoch(epoch)
+        """The scheduler committed ``epoch``: sinks holding its output may send it, and
+        mqtt sources' logs may let go of what it covers."""
+        self.local_sinks.checkpoint_committed(epoch)
         for source in self.sources.values():
             if isinstance(source, MqttSource):  # its log keeps what came after
                 source.committed(epoch)
 
-    async def _drained(self, sink_id: str, sink: MqttSink | SpooledSink) -> None:
-        await sink.drain()  # what it cannot publish in time it drops, and counts
-        await self.on_sink_done(sink_id, self.sink_info(sink_id))
+    def sink_info(self, sink_id: str) -> dict[str, Any]:
+        return self.local_sinks.info(sink_id)
 
     # -- statistics -------------------------------------------------------------------
-
-    def sink_info(self, sink_id: str) -> dict[str, Any]:
-        state = self.sinks[sink_id]
-        lat = sorted(state.latencies)
-        path = state.sink.path
-        return {
-            "records": state.sink.stats.records,
-            "dropped": state.sink.stats.dropped,
-            "errors": state.sink.stats.errors,
-            "done": state.done,
-            "path": None if path is None else os.path.abspath(path),
-            **_connection_of(state.sink),
-            "latency_p50_ms": quantile(lat, 0.5),
-            "latency_p99_ms": quantile(lat, 0.99),
-            "latency_samples": len(lat),
-            "latency_recent_ms": [round(x, 2) for x in list(state.latencies)[-256:]],
-            "first_at": state.first_at,
-            "last_at": state.last_at,
-        }
 
     def statistics(self) -> dict[str, Any]:
         ops: dict[str, Any] = {}
@@ -1410,7 +449,7 @@ class AppInstance:
             load = seg.meter.reading(now).as_dict()  # shared by the group's operators
             last = self.elastic.last.get("+".join(seg.ops))
             for name in seg.executor.operators:
-                counters = _seg_op_stats(seg, name)
+                counters = seg_op_stats(seg, name)
                 for error in counters.get("recent_errors", ()):
                     error["peer"] = self.me
                 if name in self.dead_letters:
@@ -1433,7 +472,7 @@ class AppInstance:
             "generation": self.generation,
             "sources": {sid: dataclasses.asdict(src.stats) for sid, src in self.sources.items()},
             "operators": ops,
-            "sinks": {k: self.sink_info(k) for k in self.sinks},
+            "sinks": {k: self.local_sinks.info(k) for k in self.sinks},
             "edges": {
                 f"{e.producer}>{e.dest}": {
                     **dataclasses.asdict(e.stats),
@@ -1442,25 +481,9 @@ class AppInstance:
                 for es in self.edges.values()
                 for e in es
             },
-            "received": dict(self.received),
+            "received": dict(self.router.received),
             "scaling": self.elastic.view(),
         }
-
-
-def _restore_plan(raw: Any) -> dict[str, Any] | None:
-    """A deployment's ``restore`` (written by the scheduler), checked for shape."""
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or type(raw.get("epoch")) is not int:
-        msg = "restore needs an integer 'epoch'"
-        raise ValueError(msg)
-    for entry in raw.get("states", ()):
-        if not isinstance(entry, dict) or not {"peer", "ops", "instance", "holders", "m"} <= set(
-            entry
-        ):
-            msg = f"malformed restore entry {entry!r}"
-            raise ValueError(msg)
-    return raw
 
 
 def _leaves(eg: BaseExceptionGroup[Exception]) -> list[Exception]:
@@ -1468,215 +491,3 @@ def _leaves(eg: BaseExceptionGroup[Exception]) -> list[Exception]:
     for e in eg.exceptions:
         out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
     return out
-
-
-def _connection_of(sink: Any) -> dict[str, Any]:
-    """An mqtt, sql or http sink's connection, as its statistics show it (others:
-    none), and what an sql or http sink holds for its destination."""
-    if not isinstance(sink, MqttSink | SpooledSink):
-        return {}
-    c = sink.connection()
-    return {
-        "connection": c["state"],
-        "retrying_since": c["since"] if c["state"] != "connected" else None,
-        "last_error": c["last_error"],
-        **(sink.buffered() if isinstance(sink, SpooledSink) else {}),
-    }
-
-
-def _fail_on_error(seg: Segment, ops: list[str]) -> None:
-    """ExecutionError, naming the error and its record, if one of ``ops`` (whose
-    ``on_error`` is ``fail``) dropped a record."""
-    for name in ops:
-        for unit in seg.units:
-            st = unit.executor.operators[name].stats
-            if st.errors:
-                e = st.recent_errors[0] if st.recent_errors else {}
-                record = f" on record {e['record']}" if e.get("record") else ""
-                msg = (
-                    f"operator {name} raised {e.get('type', 'an error')}: "
-                    f"{e.get('message', st.last_error)}{record} (on_error: fail)"
-                )
-                raise ExecutionError(msg)
-
-
-def _post_dead_letters(seg: Segment, ops: list[str], sinks: Mapping[str, DeadLetters]) -> None:
-    """The records ``ops`` (whose ``on_error`` is ``dead_letter``) dropped in the turn
-    just run, to their dead-letter sinks."""
-    ts = int(now_ms())
-    for name in ops:
-        for unit in seg.units:
-            st = unit.executor.operators[name].stats
-            if st.failed:
-                failed, st.failed = st.failed, []
-                sinks[name].write(failed, ts=ts)
-
-
-def _op_stats(op: Any) -> dict[str, Any]:
-    return {k: v for k, v in op.stats.as_dict().items() if isinstance(v, int | float)}
-
-
-def _seg_op_stats(seg: Segment, name: str) -> dict[str, Any]:
-    """Counters of operator ``name`` over the segment's replicas, gone ones included,
-    and its recent distinct errors."""
-    total: dict[str, Any] = dict(seg.retired.get(name, {}))
-    merged = OperatorStats()
-    for unit in seg.units:
-        op = unit.executor.operators[name]
-        for k, v in _op_stats(op).items():
-            total[k] = total.get(k, 0) + v
-        for error in op.stats.recent_errors:
-            merged.note_error(error)
-    if merged.recent_errors:
-        total["recent_errors"] = merged.recent_errors
-    return total
-
-
-def _append(seg: Segment, item: _Item) -> None:
-    item.queued_at = now = time.monotonic()
-    if not seg.inbox:
-        seg.meter.queued(now)
-    seg.inbox.append(item)
-    seg.pending += 1 if item.records is None else len(item.records)
-    seg.arrived += 0 if item.records is None else len(item.records)
-    seg.last[(item.producer, item.sender)] = item
-    seg.wake.set()
-
-
-def _mergeable(seg: Segment, item: _Item, batch_records: int) -> _Item | None:
-    """The queued batch that ``item``'s records may join: the same channel's latest
-    item, still last in the inbox (not held back by barrier alignment, where the inbox
-    may be empty), not started, without a watermark or an acknowledgement riding on it,
-    and with room for ``item``'s records."""
-    last = seg.last.get((item.producer, item.sender))
-    if (
-        last is None
-        or last.popped
-        or not seg.inbox
-        or last is not seg.inbox[-1]
-        or last.offset
-        or last.records is None
-        or last.wm_after is not None
-        or last.ack is not None
-        or item.records is None
-        or len(last.records) + len(item.records) > batch_records
-    ):
-        return None
-    return last
-
-
-def _merge_wm(seg: Segment, item: _Item) -> bool:
-    """Fold watermark ``item`` into the queued item of its producer and sender, if any."""
-    last = seg.last.get((item.producer, item.sender))
-    if last is None or last.popped or last.barrier is not None:
-        return False
-    if last.records is None:
-        if item.wm > last.wm:
-            last.wm, last.wall = item.wm, item.wall
-    elif last.wm_after is None or item.wm > last.wm_after:
-        last.wm_after, last.wall_after = item.wm, item.wall
-    return True
-
-
-def _records_and_traces(batch: dict[str, Any]) -> tuple[list[Record], list[TraceTag]]:
-    records = batch.get("r")
-    if not isinstance(records, list) or (records and set(map(type, records)) != {dict}):
-        msg = "data batch records must be a list of maps"
-        raise MalformedError(msg)
-    raw = batch.get("t", [])
-    if not isinstance(raw, list):
-        msg = "data batch traces must be a list"
-        raise MalformedError(msg)
-    traces: list[TraceTag] = []
-    for t in raw:
-        if isinstance(t, list) and len(t) == 3 and isinstance(t[2], int | float):
-            traces.append((int(t[1]) if isinstance(t[1], int) else 0, float(t[2])))
-    return records, traces
-
-
-def _segments(spec: AppSpec, local: set[str], *, alone: set[str]) -> list[list[str]]:
-    """Local operators grouped by local edges; a group a path re-enters is split, and
-    an operator with several instances (``alone``) is a group of its own."""
-    parent = {o: o for o in local}
-
-    def find(x: str) -> str:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for o in spec.operators:
-        if o.id in local:
-            for src in o.inputs:
-                if src in local and src not in alone and o.id not in alone:
-                    parent[find(src)] = find(o.id)
-    groups: dict[str, list[str]] = {}
-    for o in spec.operators:  # declaration order within a group
-        if o.id in local:
-            groups.setdefault(find(o.id), []).append(o.id)
-    consumers: dict[str, list[str]] = {}
-    for node_id, inputs in _fed(spec):
-        for src in inputs:
-            consumers.setdefault(src, []).append(node_id)
-    out: list[list[str]] = []
-    for members in groups.values():
-        inside = set(members)
-        if _reenters(inside, consumers):
-            out.extend([m] for m in members)
-        else:
-            out.append(members)
-    return out
-
-
-_KEYED = ("window", "aggregate", "join", "dedupe")
-_STATELESS = ("map", "filter", "flat_map", "key_by", "union")
-
-
-def _replicable(spec: AppSpec, ops: list[str], *, chained: bool) -> tuple[bool, str | None]:
-    """Whether a segment of ``ops`` may run as several replicas on this peer (one
-    operator, on an engine with workers, stateless or with state kept per key), and
-    the field that splits its batches (None: contiguous runs)."""
-    if chained or len(ops) != 1:
-        return False, None
-    op = spec.operator(ops[0])
-    if op.op in _STATELESS:
-        return True, None
-    key = op.params.get("key")
-    if op.op in PARTITIONABLE_STATE and isinstance(key, str):
-        return True, key
-    return False, None
-
-
-def _partition_key(spec: AppSpec, op_id: str) -> str | None:
-    """The field that routes records to instances of ``op_id`` (None: in turn)."""
-    op = spec.operator(op_id)
-    if op.op in _STATELESS:
-        return None
-    key = op.params.get("key")
-    if op.op in _KEYED and isinstance(key, str):
-        return key
-    msg = (
-        f"operator {op_id!r} ({op.op}{'' if key else ' without a key'}) cannot run as "
-        "several instances: it needs every record"
-    )
-    raise ExecutionError(msg)
-
-
-def _fed(spec: AppSpec) -> list[tuple[str, tuple[str, ...]]]:
-    """``(id, inputs)`` of every operator and sink."""
-    return [(o.id, o.inputs) for o in spec.operators] + [(k.id, k.inputs) for k in spec.sinks]
-
-
-def _reenters(inside: set[str], consumers: dict[str, list[str]]) -> bool:
-    """Whether some path leaves ``inside`` and comes back into it."""
-    seen: set[str] = set()
-    stack = [c for n in inside for c in consumers.get(n, ()) if c not in inside]
-    while stack:
-        n = stack.pop()
-        if n in inside:
-            return True
-        if n in seen:
-            continue
-        seen.add(n)
-        stack.extend(consumers.get(n, ()))
-    return False

@@ -52,7 +52,8 @@ from agiledart.scaling import (
 )
 
 if TYPE_CHECKING:
-    from agiledart.runtime.instance import AppInstance, Segment
+    from agiledart.runtime.instance import AppInstance
+    from agiledart.runtime.segments import Segment
 
 log = logging.getLogger(__name__)
 

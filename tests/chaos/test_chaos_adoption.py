@@ -20,7 +20,7 @@ from agiledart.runtime.appstate import AppRecord, AppState
 from agiledart.runtime.links import Address
 from agiledart.runtime.records import record_key
 from agiledart.runtime.scheduler import Scheduler
-from agiledart.runtime.service import left_to
+from agiledart.runtime.takeover import left_to
 
 
 class Store:

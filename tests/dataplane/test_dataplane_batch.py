@@ -17,6 +17,7 @@ from agiledart.dataplane import (
     DataPlaneUsageError,
     ProtocolError,
     Trace,
+    TracePoint,
 )
 
 
@@ -166,3 +167,46 @@ def test_roundtrip(edge: str, seq: int, records: list[Any]) -> None:
 def test_unencodable_record_is_local_misuse(record: object) -> None:
     with pytest.raises(DataPlaneUsageError):
         Batch("e", 0, [record]).encode()
+
+
+def test_extend_takes_many_records_and_cut_numbers_full_batches() -> None:
+    b = Batcher("e1", max_records=3, max_delay_ms=1000)
+    assert not b.extend(["a", "b"], 0, [TracePoint(1, Trace(7, 1.0))])
+    assert b.deadline == 1000
+    assert b.extend(["c", "d", "e", "f", "g"], 5, [TracePoint(2, Trace(8, 2.0))])
+    assert b.cut() == Batch("e1", 0, ["a", "b", "c"], (TracePoint(1, Trace(7, 1.0)),))
+    assert b.deadline == 1000  # the rest waits since the first of them
+    assert b.cut() == Batch("e1", 1, ["d", "e", "f"], (TracePoint(1, Trace(8, 2.0)),))
+    assert b.cut() == Batch("e1", 2, ["g"])
+    assert b.cut() is None
+    assert b.deadline is None
+    assert not b.extend([], 10)
+
+
+def test_extend_reports_a_passed_deadline() -> None:
+    b = Batcher("e1", max_records=100, max_delay_ms=10)
+    assert not b.extend([1], 100.0)
+    assert b.extend([2], 110.0)
+    assert b.cut() == Batch("e1", 0, [1, 2])
+
+
+@given(sizes=st.lists(st.integers(0, 9), max_size=12), size=st.integers(1, 5))
+def test_extend_and_cut_keep_every_record_and_trace_in_order(sizes: list[int], size: int) -> None:
+    b = Batcher("e", max_records=size, max_delay_ms=1e9)
+    sent: list[int] = []
+    traced: list[int] = []
+    got: list[Batch] = []
+    for n in sizes:
+        records = list(range(len(sent), len(sent) + n))
+        points = [TracePoint(i, Trace(r, 0.0)) for i, r in enumerate(records) if r % 3 == 0]
+        sent += records
+        traced += [r for r in records if r % 3 == 0]
+        if b.extend(records, 0.0, points):
+            while (batch := b.cut()) is not None:
+                got.append(batch)
+    while (batch := b.cut()) is not None:
+        got.append(batch)
+    assert [r for batch in got for r in batch.records] == sent
+    assert [batch.seq for batch in got] == list(range(len(got)))
+    assert all(len(batch.records) <= size for batch in got)
+    assert [t.trace_id for batch in got for r, t in batch.traced() if r == t.trace_id] == traced

@@ -52,3 +52,16 @@ def test_end_to_end_latency() -> None:
 def test_bad_rate(rate: float) -> None:
     with pytest.raises(DataPlaneUsageError):
         TraceSampler(rate=rate)
+
+
+@pytest.mark.parametrize("rate", [0.05, 0.5, 1.0])
+def test_sample_batch_draws_as_many_single_samples(rate: float) -> None:
+    one, many = TraceSampler(rate=rate, seed=3), TraceSampler(rate=rate, seed=3)
+    singles = [(i, t) for i in range(2500) if (t := one.sample(9.0)) is not None]
+    batched = [
+        (start + i, t)
+        for start, n in ((0, 1000), (1000, 1), (1001, 0), (1001, 1499))
+        for i, t in many.sample_batch(n, 9.0)
+    ]
+    assert batched == singles
+    assert (many.seen, many.sampled) == (one.seen, one.sampled)

@@ -341,7 +341,7 @@ async def test_records_accepted_before_garbage_are_not_lost(site: LocalCluster) 
         first = await connect(site, SENSOR_2)
         async with first:
             await first.send("data", data(0, [{"ts": 1, "n": 1}, {"ts": 2, "n": 2}]))
-            await first.send("data", data(1, [{"ts": 3, "n": 3}], t=[[0, 9, 1.0], "junk"]))
+            await first.send("data", data(1, [{"ts": 3, "n": 3}], t=[[0, 9, 1.0]]))
             await first.send("data", data(2, [1, "two", None]))  # not records: closes
             with pytest.raises(PeerUnreachable):
                 await first.request("ring", {}, timeout=10.0)
@@ -370,14 +370,17 @@ async def test_records_accepted_before_garbage_are_not_lost(site: LocalCluster) 
     assert await trouble(site, SENSOR_2) == before
 
 
-async def test_a_batch_with_garbage_traces_is_malformed(site: LocalCluster) -> None:
+@pytest.mark.parametrize("traces", [5, [[0, 9, 1.0], "junk"], [[3, 9, 1.0]], [[0, "id", 1.0]]])
+async def test_a_batch_with_garbage_traces_is_malformed(site: LocalCluster, traces: Any) -> None:
+    """Trace tags are checked like the rest of the batch: one bad tag, not a list of
+    tags, or a tag pointing past the records makes the whole frame malformed."""
     app_id = "bad-traces"
     before = await trouble(site, SENSOR_2)
     await site.request(SENSOR_2, "deploy", deployment(site, app_id).to_wire())
     try:
         client = await connect(site, SENSOR_2)
         async with client:
-            batch = {"e": "src|prober", "s": 0, "r": [{"ts": 1}], "t": 5}
+            batch = {"e": "src|prober", "s": 0, "r": [{"ts": 1}], "t": traces}
             await client.send("data", {"a": app_id, "p": "src", "b": batch})
             with pytest.raises(PeerUnreachable):
                 await client.request("ring", {}, timeout=10.0)

@@ -15,17 +15,15 @@ from agiledart.app.errors import ExecutionError, SpecError
 from agiledart.runtime.appstate import AppRecord
 from agiledart.runtime.appstatus import status_view
 from agiledart.runtime.code import Bundle, CodeStore, code_id_of, code_ids_in
+from agiledart.runtime.deployment import Deployment
 from agiledart.runtime.errors import CodeError, StoreError, UnknownApp
-from agiledart.runtime.instance import (
-    Deployment,
-    Segment,
-    _append,
-    _Item,
-    _mergeable,
-    _partition_key,
-    _segments,
-)
 from agiledart.runtime.records import LocalRecords, record_key
+from agiledart.runtime.segments import Item as _Item
+from agiledart.runtime.segments import Segment
+from agiledart.runtime.segments import append as _append
+from agiledart.runtime.segments import mergeable as _mergeable
+from agiledart.runtime.topology import partition_key as _partition_key
+from agiledart.runtime.topology import segments as _segments
 
 # -- records ------------------------------------------------------------------------------
 

@@ -93,7 +93,7 @@ async def run(tmp_path: Path) -> tuple[AppInstance, list[dict[str, Any]]]:
     )
     async with asyncio.TaskGroup() as group:
         engine.start(group)
-        inst.launch(group)
+        inst.start(group)
         await inst.wait_ready()
         inst.start_sources()
         plan = [(500, 3), (1_200, 2), (2_000, 4), (2_500, 1)]  # records out -> replicas
@@ -105,7 +105,7 @@ async def run(tmp_path: Path) -> tuple[AppInstance, list[dict[str, Any]]]:
             assert inst.statistics()["operators"]["counts"]["instances"] == n
         await done.wait()
         stats = inst.statistics()
-        await inst.stop()
+        await inst.aclose()
         await engine.aclose()
     path = tmp_path / "output" / "resize-1" / "out.jsonl"
     out = [json.loads(line) for line in path.read_text().splitlines()]

@@ -21,7 +21,7 @@ from agiledart.app.spec import SinkSpec
 from agiledart.cli.apps import _print_status
 from agiledart.runtime.confine import DataPolicy, EnvNotAllowed, PathNotAllowed
 from agiledart.runtime.connectors import open_sink
-from agiledart.runtime.instance import _connection_of
+from agiledart.runtime.sinks import connection_of as _connection_of
 from agiledart.runtime.sql import SqlSink
 from agiledart.runtime.sql.db import FINAL_EPOCH, Batch, Database, Target
 
