@@ -26,18 +26,6 @@ PACKAGES = {
 }
 MAX_MODULE_LINES = 700
 MAX_CLASS_LINES = 400
-#: Being split by the runtime refactor (issue 25) in other branches; whoever merges
-#: them removes these exceptions.
-SPLITTING = frozenset(
-    {
-        "agiledart/runtime/instance.py",
-        "agiledart/runtime/service.py",
-        "agiledart/runtime/scheduler.py",
-    }
-)
-#: Where the set of keyed operator kinds is still written out by hand (the instance's
-#: replica rule, being moved by the same refactor): to import from agiledart.app.kinds.
-KINDS_BY_HAND = frozenset({"agiledart/runtime/instance.py"})
 #: Each algorithm (sans-IO: no sockets, timers or tasks), and its driver in the runtime,
 #: under the same name (docs/architecture.md, "The repository").
 PAIRS = {
@@ -181,20 +169,13 @@ def test_the_kinds_check_finds_a_set_written_out() -> None:
 
 
 def test_no_module_is_over_700_lines() -> None:
-    long = {
-        rel: n
-        for rel, text in _library()
-        if rel not in SPLITTING and (n := len(text.splitlines())) > MAX_MODULE_LINES
-    }
+    long = {rel: n for rel, text in _library() if (n := len(text.splitlines())) > MAX_MODULE_LINES}
     assert long == {}
 
 
 def test_no_class_is_over_400_lines() -> None:
     long = {
-        f"{rel}:{name}": n
-        for rel, text in _library()
-        if rel not in SPLITTING
-        for name, n in long_classes(text).items()
+        f"{rel}:{name}": n for rel, text in _library() for name, n in long_classes(text).items()
     }
     assert long == {}
 
@@ -214,7 +195,7 @@ def test_the_operator_kinds_are_written_out_once() -> None:
     written = {
         rel: lines
         for rel, text in _library()
-        if rel != "agiledart/app/kinds.py" and rel not in KINDS_BY_HAND
+        if rel != "agiledart/app/kinds.py"
         if (lines := kind_sets(text))
     }
     assert written == {}

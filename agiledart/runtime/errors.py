@@ -13,7 +13,7 @@
     ├── MasterUnknown   the central master named by ``--master`` cannot be found or reached
     ├── MasterBusy      the central master's queue is full
     ├── CheckpointError a checkpoint could not be saved or loaded (which holder, said)
-    ├── StoreFull       a peer's fragment store is at its bound (checkpoints.py)
+    ├── StoreFull       a peer's fragment store is at its bound (recovery.py)
     └── ExecutionError
         └── PeerLost    an instance could not reach a peer of its app (it may have died)
 
