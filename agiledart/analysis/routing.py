@@ -18,10 +18,12 @@ tables from its ``attempts``. A null ``graph`` is shown as ``""``.
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, Window
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from agiledart.analysis.frames import Frames, collect, descending
+from agiledart.analysis.frames import Frames, collect, descending, of_arrow
 from agiledart.analysis.model import Section
 from agiledart.analysis.partials import SERIES
 from agiledart.analysis.sketch import ALPHA, MIN_SAMPLES, quantiles
@@ -146,61 +148,58 @@ def routing_section(frames: Frames) -> Section:
     return section
 
 
-def _attempts(frames: Frames) -> DataFrame:
+def _attempts(frames: Frames) -> pa.Table:
     """Hop attempts counted per policy, graph, hop, link and outcome, with their delay
-    sums (the reader's partials, ``attempts``, merged): a few hundred rows, from which
-    every shuffle table adds up."""
-    return frames.merged("attempts")
+    sums: the reader's partials (``attempts``) merged by Spark, a few hundred rows from
+    which every shuffle table adds up (in the driver: one Spark query, not three)."""
+    merged = frames.merged("attempts").toArrow()
+    outcomes = {
+        o: pc.if_else(pc.equal(merged["outcome"], o), merged["attempts"], 0) for o in OUTCOMES
+    }
+    return pa.table({**{c: merged[c] for c in merged.column_names}, **outcomes})
 
 
-def _delay_mean() -> Column:
-    return F.try_divide(F.sum("delay_sum"), F.sum("delays")).alias("delay_ms_mean")
-
-
-def _outcome_counts() -> list[Column]:
-    return [
-        F.sum("attempts").alias("attempts"),
-        *(
-            F.sum(F.when(F.col("outcome") == o, F.col("attempts")).otherwise(0)).alias(o)
-            for o in OUTCOMES
-        ),
-        _delay_mean(),
-    ]
+def _added(attempts: pa.Table, keys: list[str], outcomes: bool) -> pa.Table:
+    """``attempts`` added up per ``keys``: attempts (per outcome too), mean delay (and
+    the success rate)."""
+    counted = ["attempts", *(OUTCOMES if outcomes else ())]
+    out = attempts.group_by(keys, use_threads=False).aggregate(
+        [(c, "sum") for c in (*counted, "delay_sum", "delays")]
+    )
+    out = out.rename_columns({f"{c}_sum": c for c in (*counted, "delay_sum", "delays")})
+    delays = out["delays"].cast(pa.float64())
+    mean = pc.if_else(pc.equal(delays, 0.0), None, pc.divide(out["delay_sum"], delays))
+    columns = {c: out[c] for c in (*keys, *counted)}
+    if outcomes:
+        ok = out["ok"].cast(pa.float64())
+        columns["success_rate"] = pc.divide(ok, out["attempts"].cast(pa.float64()))
+    return pa.table({**columns, "delay_ms_mean": mean})
 
 
 def shuffle_section(frames: Frames) -> Section:
     section = Section("shuffle", "Shuffle hop attempts", ("shuffle",))
     if not frames.has("shuffle"):
         return section
-    attempts = _attempts(frames).persist()
-    try:
-        rate = (F.col("ok") / F.col("attempts")).alias("success_rate")
-        outcomes = attempts.groupBy("policy", "graph", "outcome").agg(
-            F.sum("attempts").alias("attempts"), _delay_mean()
-        )
-        hops = (
-            attempts.groupBy("policy", "graph", "hop")
-            .agg(*_outcome_counts())
-            .select("policy", "graph", "hop", "attempts", *OUTCOMES, rate, "delay_ms_mean")
-        )
-        links = (
-            attempts.groupBy("policy", "graph", "node", "next")
-            .agg(*_outcome_counts())
-            .select("policy", "graph", "node", "next", "attempts", *OUTCOMES, rate, "delay_ms_mean")
-        )
-        section.tables += [
-            collect(
-                outcomes, "shuffle_outcomes", "Attempts per outcome", ("policy", "graph", "outcome")
-            ),
-            collect(hops, "shuffle_hops", "Attempts per hop index", ("policy", "graph", "hop")),
-            collect(
-                links,
-                "shuffle_links",
-                "Attempts per link (node -> next)",
-                ("policy", "graph", descending("attempts"), "node", "next"),
-            ),
-        ]
-    finally:
-        attempts.unpersist()
+    attempts = _attempts(frames)
+    section.tables += [
+        of_arrow(
+            _added(attempts, ["policy", "graph", "outcome"], outcomes=False),
+            "shuffle_outcomes",
+            "Attempts per outcome",
+            ("policy", "graph", "outcome"),
+        ),
+        of_arrow(
+            _added(attempts, ["policy", "graph", "hop"], outcomes=True),
+            "shuffle_hops",
+            "Attempts per hop index",
+            ("policy", "graph", "hop"),
+        ),
+        of_arrow(
+            _added(attempts, ["policy", "graph", "node", "next"], outcomes=True),
+            "shuffle_links",
+            "Attempts per link (node -> next)",
+            ("policy", "graph", descending("attempts"), "node", "next"),
+        ),
+    ]
     section.notes.append("One shuffle record per transmission attempt over one link.")
     return section
