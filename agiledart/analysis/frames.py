@@ -2,21 +2,17 @@
 
 Theory of operation: the reader's tasks write the valid records of each type as
 Parquet files under ``<parts>/<type>/`` (one or a few per piece of a trace file, in the
-output directory, which every executor reaches). A section is a few Spark SQL queries
-over :meth:`Frames.records`: the files are scanned in parallel partitions, the
-aggregations run partially in every partition and are merged after a shuffle, windows
-(running sums, a previous sample) sort spillably per series, and percentiles are
-Spark's ``percentile_approx`` (a Greenwald-Khanna sketch per group, of bounded size).
+output directory, which every executor reaches), and for the largest types partial
+aggregates instead (:mod:`~agiledart.analysis.partials`, :meth:`Frames.partials`). A
+section is a few Spark SQL queries over :meth:`Frames.records` and those partials: the
+files are scanned in parallel partitions, the aggregations (and the partials) are
+merged after a shuffle, windows (running sums, a previous sample) sort spillably per
+series, and percentiles come from mergeable histograms (:mod:`~agiledart.analysis.sketch`).
 No section's records ever have to fit in one executor or in the driver; only the final
 tables come back, through Arrow (:func:`collect`), and the driver puts them in order:
 a final table is in the driver whole anyway, and Spark's global sort would cost every
 table a sampling job and a second pass over what it sorts (for a log of records, a
 second scan of them).
-
-**Percentiles** are approximate with :data:`ACCURACY`: the value returned for quantile
-``q`` of ``n`` values is one of them, whose rank is within ``n / ACCURACY`` of
-``q * n`` (for fewer than ``ACCURACY / 2`` values, an exact rank: the smallest value
-with at least ``q * n`` values at or below it).
 """
 
 from __future__ import annotations
@@ -31,18 +27,13 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from agiledart.analysis.model import Table
+from agiledart.analysis.partials import merged, partial_frame
 from agiledart.analysis.schemas import kept_schema
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["ACCURACY", "MIN_SAMPLES", "Frames", "collect", "descending", "of_arrow", "percentiles"]
-
-#: ``percentile_approx``'s accuracy: a rank error of at most 1 / ACCURACY of the values
-ACCURACY = 10_000
-#: a percentile of fewer samples than this is withheld (shown empty): the tail it would
-#: describe is a handful of records
-MIN_SAMPLES = 20
+__all__ = ["Frames", "collect", "descending", "of_arrow"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +57,15 @@ class Frames:
         the columns' schema given (no file's footer read to infer it, query by query)."""
         return self.spark.read.schema(kept_schema(kind)).parquet(str(self.parts / kind))
 
+    def partials(self, name: str) -> DataFrame:
+        """The partial aggregates ``name`` (:data:`~agiledart.analysis.partials.PARTIALS`)
+        of every piece, unmerged."""
+        return partial_frame(self.spark, self.parts, name)
+
+    def merged(self, name: str) -> DataFrame:
+        """The partial aggregates ``name`` merged over all pieces, per its keys."""
+        return merged(self.spark, self.parts, name)
+
     def t_s(self) -> Column:
         """``ts`` in seconds since the trace's first record, as ``t_s``."""
         return ((F.col("ts") - F.lit(self.t0_ms or 0.0)) / 1000.0).alias("t_s")
@@ -74,14 +74,6 @@ class Frames:
         """The window index of a record (its ``ts``), counted from the trace's start."""
         start = F.lit(self.t0_ms or 0.0)
         return F.floor((F.col("ts") - start) / F.lit(self.window_ms)).cast("long")
-
-
-def percentiles(column: str, qs: Sequence[float], count: Column | None = None) -> list[Column]:
-    """Aggregates: the ``qs``-quantiles of ``column``'s non-null values, each withheld
-    (null) where ``count`` (default: the non-null values) is below :data:`MIN_SAMPLES`."""
-    approx = F.percentile_approx(F.col(column).cast("double"), list(qs), ACCURACY)
-    enough = (F.count(column) if count is None else count) >= MIN_SAMPLES
-    return [F.when(enough, approx[i]) for i in range(len(qs))]
 
 
 #: a sort key of :func:`collect`: a column (ascending), or ``(column, "descending")``

@@ -3,9 +3,10 @@
 Time is cut into windows of ``window_ms`` from the trace's first record
 (:attr:`Frames.t0_ms`): window ``w`` holds the records with
 ``w = floor((ts - t0) / window_ms)`` and starts ``w * window_ms / 1000`` seconds into
-the trace. Percentiles are Spark's ``percentile_approx`` with
-:data:`~agiledart.analysis.frames.ACCURACY`, next to the count of samples they describe,
-and withheld below :data:`~agiledart.analysis.frames.MIN_SAMPLES`.
+the trace. Latency comes from the reader's partial aggregates (``latency``,
+:mod:`~agiledart.analysis.partials`): percentiles within a relative
+:data:`~agiledart.analysis.sketch.ALPHA` of the exact ones, next to the count of samples
+they describe, and withheld below :data:`~agiledart.analysis.sketch.MIN_SAMPLES`.
 
 ``opstats`` counters are cumulative per operator instance (``app``, ``operator``,
 ``peer``); an operator's throughput in a window is the sum over its instances of the
@@ -21,15 +22,9 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from agiledart.analysis.frames import (
-    ACCURACY,
-    MIN_SAMPLES,
-    Frames,
-    collect,
-    of_arrow,
-    percentiles,
-)
+from agiledart.analysis.frames import Frames, collect, of_arrow
 from agiledart.analysis.model import Section
+from agiledart.analysis.sketch import ALPHA, MIN_SAMPLES, quantiles
 
 __all__ = ["PERCENTILES", "latency_section", "throughput_section"]
 
@@ -37,33 +32,33 @@ PERCENTILES = (0.5, 0.95, 0.99)
 _LATENCY = ["count", *(f"p{round(q * 100)}_ms" for q in PERCENTILES), "mean_ms", "max_ms"]
 
 
-def _latency_stats() -> list[Column]:
-    spread = percentiles("latency_ms", PERCENTILES)
-    return [
-        F.count(F.lit(1)).alias("count"),
-        *(p.alias(f"p{round(q * 100)}_ms") for p, q in zip(spread, PERCENTILES, strict=True)),
-        F.mean("latency_ms").alias("mean_ms"),
-        F.max("latency_ms").alias("max_ms"),
-    ]
-
-
 def latency_section(frames: Frames) -> Section:
     section = Section("latency", "End-to-end latency", ("tuple",))
     if not frames.has("tuple"):
         return section
-    tuples = frames.records("tuple").select(
-        "app", "sink", "latency_ms", frames.window().alias("window")
-    )
-    # both tables in one aggregation (one scan of the records, one job): a row per
-    # (app, sink) and a row per (app, window), told apart by which set grouped it
+    # both tables from one aggregation of the reader's partials (one row per app, sink,
+    # window and latency bucket of each piece): a row per (app, sink) and a row per
+    # (app, window), told apart by which set grouped it
     both = (
-        tuples.groupingSets([("app", "sink"), ("app", "window")], "app", "sink", "window")
-        .agg(F.grouping("window").alias("per_sink"), *_latency_stats())
-        .toArrow()
+        frames.partials("latency")
+        .groupingSets(
+            [("app", "sink", "code"), ("app", "window", "code")], "app", "sink", "window", "code"
+        )
+        .agg(
+            F.grouping("window").alias("per_sink"),
+            F.sum("n").alias("n"),
+            F.sum("sum").alias("sum"),
+            F.max("max").alias("max"),
+        )
     )
-    per_sink = pc.equal(both["per_sink"], 1)
-    summary = both.filter(per_sink).select(["app", "sink", *_LATENCY])
-    windows = both.filter(pc.invert(per_sink))
+    names = [f"p{round(q * 100)}_ms" for q in PERCENTILES]
+    stats = (F.sum("sum") / F.sum("n")).alias("mean_ms"), F.max("max").alias("max_ms")
+    found = quantiles(
+        both, ["per_sink", "app", "sink", "window"], PERCENTILES, names, stats
+    ).toArrow()
+    per_sink = pc.equal(found["per_sink"], 1)
+    summary = found.filter(per_sink).select(["app", "sink", *_LATENCY])
+    windows = found.filter(pc.invert(per_sink))
     t_s = pc.multiply(windows["window"].cast(pa.float64()), frames.window_ms / 1000.0)
     windows = windows.select(["app", "window", *_LATENCY]).add_column(2, "t_s", t_s)
     section.tables += [
@@ -78,8 +73,8 @@ def latency_section(frames: Frames) -> Section:
     section.notes.append(
         "Sampled tuples at their sinks (about 5% of source records; count: how many); "
         f"windows of {frames.window_ms:g} ms from the trace's start; percentiles "
-        f"approximate (rank error at most 1/{ACCURACY} of the count), left empty below "
-        f"{MIN_SAMPLES} samples."
+        f"within {ALPHA:.0%} of the exact value (mergeable histograms), left empty below "
+        f"{MIN_SAMPLES} samples; mean and max exact."
     )
     return section
 

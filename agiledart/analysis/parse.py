@@ -41,7 +41,7 @@ import contextlib
 import io
 import json
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.json as pj
 
+from agiledart.analysis.partials import FOLDED, Folder, Windows
 from agiledart.analysis.schemas import ANALYZED, required_fields
 from agiledart.traces.schema import COMMON, FIELDS, SCHEMA_VERSION
 
@@ -60,6 +61,7 @@ __all__ = [
     "Piece",
     "PieceResult",
     "arrow_schema",
+    "earliest_ts",
     "judge_line",
     "kind_schema",
     "pieces",
@@ -272,7 +274,7 @@ def pieces(files: list[Path], piece_bytes: int = PIECE_BYTES) -> list[Piece]:
     return out
 
 
-def _plain_chunks(piece: Piece, chunk_bytes: int) -> Iterator[bytes]:
+def _plain_chunks(piece: Piece, chunk_bytes: int) -> Generator[bytes, None, None]:
     """Whole lines that start in the piece's range, about ``chunk_bytes`` at a time."""
     with open(piece.path, "rb") as fh:
         position = piece.start
@@ -300,7 +302,7 @@ def _plain_chunks(piece: Piece, chunk_bytes: int) -> Iterator[bytes]:
             yield rest
 
 
-def _gzip_chunks(path: str, chunk_bytes: int) -> Iterator[bytes]:
+def _gzip_chunks(path: str, chunk_bytes: int) -> Generator[bytes, None, None]:
     """The decompressed lines of a gzip file (members one after another), about
     ``chunk_bytes`` at a time, up to where it was cut short if it was: what a killed
     peer flushed is still read."""
@@ -333,7 +335,7 @@ def _gzip_chunks(path: str, chunk_bytes: int) -> Iterator[bytes]:
         yield rest
 
 
-def _chunks(piece: Piece, chunk_bytes: int) -> Iterator[bytes]:
+def _chunks(piece: Piece, chunk_bytes: int) -> Generator[bytes, None, None]:
     if piece.path.endswith(".gz"):
         return _gzip_chunks(piece.path, chunk_bytes)
     return _plain_chunks(piece, chunk_bytes)
@@ -490,6 +492,22 @@ def read_piece(
     return result
 
 
+def earliest_ts(path: str, limit: int) -> float | None:
+    """The earliest ``ts`` of a valid record among the first ``limit`` bytes (of lines)
+    of the trace file ``path``; None if none (or unreadable)."""
+    result = PieceResult()
+    chunks = _chunks(Piece(path, 0, -1), limit)
+    try:
+        data = next(chunks, b"")
+    except OSError:
+        return None
+    finally:
+        chunks.close()
+    _judge(data, result)
+    result.drain()
+    return min((first for _, first, _ in result.tally.values()), default=None)
+
+
 def _within_limit() -> tuple[int, int]:
     """The chunk and flush sizes for this process: the defaults, or, when its address
     space is limited (Spark's ``spark.executor.pyspark.memory``), sizes that fit the
@@ -511,15 +529,21 @@ def _within_limit() -> tuple[int, int]:
     )
 
 
-def write_piece(index: int, piece: Piece, parts: str) -> dict[str, Any]:
-    """Judge ``piece`` and write its valid records as Parquet files, one per record
-    type under ``parts/<type>/``; return its tallies and malformed lines (the Spark task)."""
+def write_piece(index: int, piece: Piece, parts: str, windows: Windows) -> dict[str, Any]:
+    """Judge ``piece``, fold its valid records into partial aggregates
+    (:class:`~agiledart.analysis.partials.Folder`, windows numbered by ``windows``) and
+    write those and the records of the types not :data:`~agiledart.analysis.partials.FOLDED`
+    as Parquet files under ``parts``; return its tallies and malformed lines (the Spark task)."""
     import pyarrow.parquet as pq
 
     writers: dict[str, pq.ParquetWriter] = {}
+    folded = Folder(windows)
 
     def write(tables: dict[str, pa.Table]) -> None:
         for kind, table in tables.items():
+            folded.add(kind, table)
+            if kind in FOLDED:
+                continue
             if kind not in writers:
                 folder = Path(parts) / kind
                 folder.mkdir(parents=True, exist_ok=True)
@@ -537,6 +561,7 @@ def write_piece(index: int, piece: Piece, parts: str) -> dict[str, Any]:
     chunk_bytes, flush_bytes = _within_limit()
     try:
         result = read_piece(piece, chunk_bytes, flush=write, flush_bytes=flush_bytes)
+        folded.write(Path(parts), index)
     except OSError as exc:
         # unreadable (permissions, removed since it was listed): the driver says which
         return {"path": piece.path, "error": f"{type(exc).__name__}: {exc}"}

@@ -8,9 +8,11 @@ against the explicit schema of each record type (:mod:`~agiledart.analysis.parse
 where the rules are), gives each line one verdict, and writes the valid records of each
 type as Parquet files: ``ts``, ``peer`` and the fields the analysis reads
 (:data:`~agiledart.analysis.schemas.ANALYZED`), under ``<parts>/<type>/`` (in the
-output directory, which every executor reaches). Arrow judges a whole block of lines
-with a few vectorised comparisons, and its files are what the sections' queries scan
-in parallel partitions (:class:`~agiledart.analysis.frames.Frames`).
+output directory, which every executor reaches), but for the types whose sections
+need only partial aggregates, which the task computes from the records it parsed and
+writes instead (:mod:`~agiledart.analysis.partials`). Arrow judges a whole block of
+lines with a few vectorised comparisons, and these files are what the sections'
+queries scan in parallel partitions (:class:`~agiledart.analysis.frames.Frames`).
 
 A task returns what it counted: valid records per type and peer (with the earliest and
 latest ``ts``), malformed lines per reason and a few of them as examples. Malformed
@@ -19,6 +21,7 @@ lines are counted, reported and skipped; they never stop an analysis.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,13 +32,18 @@ from pyspark.sql import DataFrame, SparkSession
 
 from agiledart.analysis.errors import AnalysisUsageError
 from agiledart.analysis.frames import Frames
-from agiledart.analysis.parse import REASONS, pieces, write_piece
+from agiledart.analysis.parse import REASONS, earliest_ts, pieces, write_piece
+from agiledart.analysis.partials import Windows
 from agiledart.analysis.schemas import CORRUPT, RECORD_TYPES, union_schema
 from agiledart.traces.writer import trace_files
 
 __all__ = ["REASONS", "Malformed", "Traces", "json_lines", "read_traces"]
 
+log = logging.getLogger("agiledart.analysis")
+
 _EXAMPLES = 10
+#: bytes of lines at the start of each file that the start of the trace is looked for in
+GUESS_BYTES = 1 << 20
 _EXAMPLE_CHARS = 200
 
 
@@ -110,9 +118,13 @@ def json_lines(spark: SparkSession, files: Sequence[Path]) -> DataFrame:
     )
 
 
-def read_traces(spark: SparkSession, directory: Path, parts: Path) -> Traces:
+def read_traces(
+    spark: SparkSession, directory: Path, parts: Path, window_ms: float = 1000.0
+) -> Traces:
     """Parse every trace file under ``directory`` (``<peer>/trace-NNNNNN.ndjson[.gz]``)
-    and write its valid records under ``parts`` (emptied first), in one Spark job."""
+    and write its valid records and partial aggregates (windows of ``window_ms``) under
+    ``parts`` (emptied first), in one Spark job; in two where the earliest record is
+    not where :func:`_t0_guess` looks (the windows are counted from it)."""
     directory = Path(directory)
     if not directory.is_dir():
         msg = f"{directory} is not a directory"
@@ -122,24 +134,12 @@ def read_traces(spark: SparkSession, directory: Path, parts: Path) -> Traces:
         msg = f"no trace files (<peer>/trace-NNNNNN.ndjson[.gz]) under {directory}"
         raise AnalysisUsageError(msg)
     parts = Path(parts).resolve()
-    shutil.rmtree(parts, ignore_errors=True)
-    parts.mkdir(parents=True)
-    work = sorted(pieces(files), key=lambda p: -_size(p))
-    target = str(parts)
-    try:
-        done: list[dict[str, Any]] = (
-            spark.sparkContext.parallelize(list(enumerate(work)), len(work))
-            .map(lambda job: write_piece(job[0], job[1], target))
-            .collect()
-        )
-        failed = sorted({(d["path"], d["error"]) for d in done if "error" in d})
-        if failed:
-            shown = "; ".join(f"{_display(path, directory)}: {error}" for path, error in failed)
-            msg = f"cannot read {len(failed)} trace file(s): {shown}"
-            raise AnalysisUsageError(msg)
-    except BaseException:
-        shutil.rmtree(parts, ignore_errors=True)
-        raise
+    guess = _t0_guess(files)
+    done = _read(spark, files, directory, parts, Windows(guess or 0.0, window_ms))
+    start = min((first for d in done for _, first, _ in d["tally"].values()), default=None)
+    if start is not None and start != guess:
+        log.info("the trace's earliest record is not at the start of a file: reading again")
+        done = _read(spark, files, directory, parts, Windows(start, window_ms))
     counts: dict[str, int] = {}
     writers: set[str] = set()
     t0: float | None = None
@@ -175,6 +175,39 @@ def read_traces(spark: SparkSession, directory: Path, parts: Path) -> Traces:
         t0_ms=t0,
         t1_ms=t1,
     )
+
+
+def _read(
+    spark: SparkSession, files: list[Path], directory: Path, parts: Path, windows: Windows
+) -> list[dict[str, Any]]:
+    """The reader's Spark job: every piece of ``files`` written under ``parts``
+    (emptied first); what each piece counted."""
+    shutil.rmtree(parts, ignore_errors=True)
+    parts.mkdir(parents=True)
+    work = sorted(pieces(files), key=lambda p: -_size(p))
+    target = str(parts)
+    try:
+        done: list[dict[str, Any]] = (
+            spark.sparkContext.parallelize(list(enumerate(work)), len(work))
+            .map(lambda job: write_piece(job[0], job[1], target, windows))
+            .collect()
+        )
+        failed = sorted({(d["path"], d["error"]) for d in done if "error" in d})
+        if failed:
+            shown = "; ".join(f"{_display(path, directory)}: {error}" for path, error in failed)
+            msg = f"cannot read {len(failed)} trace file(s): {shown}"
+            raise AnalysisUsageError(msg)
+    except BaseException:
+        shutil.rmtree(parts, ignore_errors=True)
+        raise
+    return done
+
+
+def _t0_guess(files: list[Path]) -> float | None:
+    """The earliest valid record among the first :data:`GUESS_BYTES` of every file:
+    where a trace's first record nearly always is (each peer writes in time order)."""
+    found = [earliest_ts(str(path), GUESS_BYTES) for path in files]
+    return min((t for t in found if t is not None), default=None)
 
 
 def _size(piece: Any) -> int:

@@ -94,7 +94,7 @@ def _analyze(spark: SparkSession, trace_dir: Path, out: Path, window_ms: float) 
 
     started = time.perf_counter()
     log.info("reading the traces under %s", trace_dir)
-    traces = read_traces(spark, trace_dir, out / PARTS)
+    traces = read_traces(spark, trace_dir, out / PARTS, window_ms)
     read_at = time.perf_counter()
     log.info(
         "read %d lines from %d files in %.1f s; computing the tables",

@@ -1,9 +1,11 @@
 """The report's sections that Spark computes: the queries of each, over all partitions.
 
 A section (:mod:`~agiledart.analysis.metrics`, :mod:`~agiledart.analysis.routing`,
-:mod:`~agiledart.analysis.placement`, :mod:`~agiledart.analysis.timelines`) runs a few
-Spark SQL queries over the Parquet records of its types
-(:class:`~agiledart.analysis.frames.Frames`) and brings back only its final tables; the
+:mod:`~agiledart.analysis.placement`, :mod:`~agiledart.analysis.timelines`) runs one to
+four Spark SQL queries over the partial aggregates the reader's tasks computed
+(:mod:`~agiledart.analysis.partials`) and the Parquet records of its types
+(:class:`~agiledart.analysis.frames.Frames`), and brings back only its final tables
+(and merged partials of about their size, which the driver adds up into them); the
 driver draws the figures (:func:`~agiledart.analysis.plots.of_section`).
 """
 

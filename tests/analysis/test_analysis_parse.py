@@ -206,14 +206,27 @@ def test_records_are_handed_on_as_they_pile_up_and_counted_once(tmp_path: Path) 
     assert _rows(merged) == _rows(whole)
 
 
-def test_a_task_writes_one_parquet_file_per_type(tmp_path: Path) -> None:
+def test_a_task_writes_one_parquet_file_per_type_and_partial(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
+    from agiledart.analysis.partials import FOLDED, PARTIALS, Windows
+
     path = _trace(tmp_path / "traces")
-    done = parse.write_piece(3, parse.Piece(str(path), 0, -1), str(tmp_path / "parts"))
+    parts = tmp_path / "parts"
+    done = parse.write_piece(3, parse.Piece(str(path), 0, -1), str(parts), Windows(0.0, 1000.0))
     whole = _rows(parse.read_piece(parse.Piece(str(path), 0, -1)))
     for kind, rows in whole.items():
-        table = pq.read_table(tmp_path / "parts" / kind / "part-000003.parquet")
-        assert table.to_pylist() == rows
         assert sum(n for (k, _), (n, _, _) in done["tally"].items() if k == kind) == len(rows)
+        for name, partial in PARTIALS.items():
+            if partial.kind == kind:
+                found = pq.read_table(parts / "partials" / name / "part-000003.parquet")
+                assert found.schema == partial.schema
+        if kind in FOLDED:
+            assert not (parts / kind).exists()  # summed up in the partials only
+            continue
+        table = pq.read_table(parts / kind / "part-000003.parquet")
+        assert table.to_pylist() == rows
+    if "tuple" in whole:
+        latency = pq.read_table(parts / "partials" / "latency" / "part-000003.parquet")
+        assert sum(latency["n"].to_pylist()) == len(whole["tuple"])
     assert done["malformed"] == {}

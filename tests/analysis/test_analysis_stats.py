@@ -1,54 +1,63 @@
-"""The percentiles the analysis states: Spark's ``percentile_approx`` within its stated
-rank accuracy (also over more values than the sketch keeps exactly), withheld below the
-sample threshold, nulls skipped as SQL's aggregates skip them."""
+"""The percentiles the analysis states: histograms counted apart per piece (numpy, as
+the reader's tasks count them) and merged by Spark give every quantile within the
+stated relative accuracy of the exact one, negative and zero values included; withheld
+below the sample threshold."""
 
 from __future__ import annotations
 
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 
-from agiledart.analysis.frames import ACCURACY, MIN_SAMPLES, percentiles
+from agiledart.analysis.sketch import ALPHA, MIN_SAMPLES, ZERO, codes, quantiles, value
 
 from .traces import percentile_fits
 
 LEVELS = (0.0, 0.01, 0.25, 0.5, 0.95, 0.99, 1.0)
+PIECES = 3
 
 
 @pytest.fixture(scope="module")
-def rows() -> list[tuple[str, float | None]]:
+def values() -> dict[str, list[float]]:
     rng = random.Random(7)
-    out: list[tuple[str, float | None]] = []
-    sizes = (("one", 1), ("few", MIN_SAMPLES - 1), ("ties", 40), ("many", 3 * ACCURACY))
-    for g, n in sizes:
-        pool = [1.5, 2.5, 2.5] if g == "ties" else None
-        for _ in range(n):
-            out.append((g, rng.choice(pool) if pool else rng.lognormvariate(2.0, 1.0)))
-    out += [("nulls", None), ("many", None)]
-    rng.shuffle(out)
-    return out
-
-
-def test_percentiles_are_within_the_stated_accuracy_and_withheld_when_few(
-    spark: Any, rows: list[tuple[str, float | None]]
-) -> None:
-    from pyspark.sql import functions as F
-
-    frame = spark.createDataFrame(rows, "g string, x double").repartition(3)
-    got = {
-        r["g"]: r["p"]
-        for r in frame.groupBy("g").agg(F.array(*percentiles("x", LEVELS)).alias("p")).collect()
+    return {
+        "one": [3.0],
+        "few": [rng.uniform(1, 9) for _ in range(MIN_SAMPLES - 1)],
+        "ties": [rng.choice([1.5, 2.5, 2.5]) for _ in range(40)],
+        "skewed": [rng.lognormvariate(2.0, 1.0) for _ in range(30_000)],
+        "signed": [rng.gauss(0.0, 5.0) for _ in range(500)] + [0.0] * 30 + [1e-12] * 3,
+        "huge": [rng.uniform(1e6, 1e9) for _ in range(200)],
     }
-    values: dict[str, list[float]] = {}
-    for g, x in rows:
-        values.setdefault(g, [])
-        if x is not None:
-            values[g].append(x)
+
+
+def test_every_value_is_within_alpha_of_its_buckets_value() -> None:
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.lognormal(0.0, 6.0, 20_000), -rng.lognormal(0.0, 6.0, 20_000)])
+    shown = np.array([value(int(c)) for c in codes(x)])
+    assert np.all(np.abs(shown - x) <= ALPHA * np.abs(x) * (1 + 1e-9) + ZERO)
+    assert np.all(shown[np.abs(x) < ZERO] == 0.0)
+    order = np.argsort(x)
+    assert np.all(np.diff(codes(x)[order]) >= 0)  # codes sort as the values do
+
+
+def test_merged_histograms_give_every_quantile_within_alpha(
+    spark: Any, values: dict[str, list[float]]
+) -> None:
+    rows = []
+    for group, xs in values.items():
+        for piece in range(PIECES):  # each piece counts its own share, as a task does
+            part = np.asarray(xs[piece::PIECES])
+            found, n = np.unique(codes(part), return_counts=True)
+            rows += [(group, int(c), int(k)) for c, k in zip(found, n, strict=True)]
+    frame = spark.createDataFrame(rows, "g string, code long, n long").repartition(3)
+    names = [f"q{i}" for i in range(len(LEVELS))]
+    got = {r["g"]: r for r in quantiles(frame, ["g"], LEVELS, names).collect()}
     assert set(got) == set(values)
-    assert got["one"] == [None] * len(LEVELS)
-    assert got["few"] == [None] * len(LEVELS)
-    assert got["nulls"] == [None] * len(LEVELS)
-    for g in ("ties", "many"):
-        for q, shown in zip(LEVELS, got[g], strict=True):
-            assert percentile_fits(shown, values[g], q), (g, q, shown)
+    for group, xs in values.items():
+        assert got[group]["count"] == len(xs)
+        for q, name in zip(LEVELS, names, strict=True):
+            assert percentile_fits(got[group][name], xs, q), (group, q, got[group][name])
+    assert got["few"]["q3"] is None
+    assert got["one"]["q6"] is None

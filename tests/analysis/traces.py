@@ -67,9 +67,9 @@ def close(a: float, b: float) -> bool:
 
 def percentile_fits(shown: str | float | None, values: list[float], q: float) -> bool:
     """Whether ``shown`` is the ``q``-quantile of ``values`` as the analysis states it:
-    withheld (empty) below ``MIN_SAMPLES`` values, else one of the values whose rank is
-    within ``len(values) / ACCURACY`` (and the rounding of one rank) of ``q * n``."""
-    from agiledart.analysis.frames import ACCURACY, MIN_SAMPLES
+    withheld (empty) below ``MIN_SAMPLES`` values, else within a relative ``ALPHA``
+    (and a float's rounding) of the value of rank ``max(1, ceil(q * n))``."""
+    from agiledart.analysis.sketch import ALPHA, MIN_SAMPLES, rank
 
     n = len(values)
     if n < MIN_SAMPLES:
@@ -77,10 +77,5 @@ def percentile_fits(shown: str | float | None, values: list[float], q: float) ->
     if shown in ("", None):
         return False
     got = float(shown)  # type: ignore[arg-type]
-    matches = [v for v in values if close(v, got)]
-    if not matches:
-        return False
-    below = sum(1 for v in values if v < min(matches))
-    at_or_below = below + len(matches)
-    slack = n / ACCURACY + 1
-    return below - slack <= q * n <= at_or_below + slack
+    exact = sorted(values)[rank(q, n) - 1]
+    return abs(got - exact) <= ALPHA * abs(exact) * (1 + 1e-9) + 1e-9
