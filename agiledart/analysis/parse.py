@@ -51,7 +51,7 @@ import pyarrow.json as pj
 
 from agiledart.analysis.partials import FOLDED, Folder, Windows
 from agiledart.analysis.schemas import ANALYZED, required_fields
-from agiledart.traces.schema import COMMON, FIELDS, SCHEMA_VERSION
+from agiledart.traces.schema import COMMON, FIELDS, SCHEMA_VERSION, column_type
 
 __all__ = [
     "CHUNK_BYTES",
@@ -82,23 +82,18 @@ EXAMPLES = 10
 RECORD_TYPES: tuple[str, ...] = tuple(FIELDS)
 
 
+#: the Arrow type of each plain trace field type (docs/traces.md)
+ARROW_SCALARS: dict[str, Callable[[], pa.DataType]] = {
+    "int": pa.int64,
+    "float": pa.float64,
+    "str": pa.string,
+    "any": pa.string,
+    "bool": pa.bool_,
+}
+
+
 def _arrow_type(kind: str) -> pa.DataType:
-    if kind == "int":
-        return pa.int64()
-    if kind == "float":
-        return pa.float64()
-    if kind in ("str", "any"):
-        return pa.string()
-    if kind == "bool":
-        return pa.bool_()
-    if kind == "[str]":
-        return pa.list_(pa.string())
-    if kind == "[[str]]":
-        return pa.list_(pa.list_(pa.string()))
-    if kind == "{str: [str]}":
-        return pa.map_(pa.string(), pa.list_(pa.string()))
-    msg = f"no Arrow type for trace field type {kind!r}"
-    raise AssertionError(msg)
+    return column_type(kind, ARROW_SCALARS, pa.list_, pa.map_)
 
 
 def _field_types() -> dict[str, str]:

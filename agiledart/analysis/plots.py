@@ -103,49 +103,76 @@ def latency(windows: Table) -> Plot:
     return draw
 
 
-def throughput(windows: Table) -> Plot:
-    @_plot("throughput", "Records out per second per operator")
+def _lines(
+    table: Table,
+    plot: tuple[str, str],
+    labels: tuple[str, str, str],
+    keys: Sequence[str],
+    x: str,
+    y: str,
+    *,
+    style: str = "-",
+    size: tuple[float, float] = (8.0, 4.5),
+) -> Plot:
+    """One line per group of ``keys`` (``plot``: name and caption; ``labels``: title,
+    x label, y label)."""
+
+    @_plot(*plot, size)
     def draw(fig: Figure) -> None:
-        ax = _axes(fig, "Operator throughput", "time (s)", "records/s")
-        for label, rows in _series(windows, ["app", "operator"]):
-            ax.plot(*_xy(rows, "t_s", "out_per_s"), label=label)
+        ax = _axes(fig, *labels)
+        for label, rows in _series(table, keys):
+            ax.plot(*_xy(rows, x, y), style, label=label)
+        if x == "rank":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # ranks are whole numbers
         _legend(ax)
 
     return draw
+
+
+def throughput(windows: Table) -> Plot:
+    return _lines(
+        windows,
+        ("throughput", "Records out per second per operator"),
+        ("Operator throughput", "time (s)", "records/s"),
+        ["app", "operator"],
+        "t_s",
+        "out_per_s",
+    )
 
 
 def regret(curve: Table) -> Plot:
-    @_plot("regret", "Cumulative regret R(K) per policy (Figs. 14-16)")
-    def draw(fig: Figure) -> None:
-        ax = _axes(fig, "Regret", "packets K", "R(K) (ms)")
-        for label, rows in _series(curve, ["policy", "graph", "origin", "dest"]):
-            ax.plot(*_xy(rows, "packets", "regret_ms"), label=label)
-        _legend(ax)
-
-    return draw
+    return _lines(
+        curve,
+        ("regret", "Cumulative regret R(K) per policy (Figs. 14-16)"),
+        ("Regret", "packets K", "R(K) (ms)"),
+        ["policy", "graph", "origin", "dest"],
+        "packets",
+        "regret_ms",
+    )
 
 
 def path_shares(paths: Table) -> Plot:
-    @_plot("paths", "Share of packets on each policy's most used paths", (8.0, 5.0))
-    def draw(fig: Figure) -> None:
-        ax = _axes(fig, "Path selection", "path rank", "share of packets")
-        for label, rows in _series(paths, ["policy", "graph", "origin", "dest"]):
-            ax.plot(*_xy(rows, "rank", "share"), "o-", label=label)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # ranks are whole numbers
-        _legend(ax)
-
-    return draw
+    return _lines(
+        paths,
+        ("paths", "Share of packets on each policy's most used paths"),
+        ("Path selection", "path rank", "share of packets"),
+        ["policy", "graph", "origin", "dest"],
+        "rank",
+        "share",
+        style="o-",
+        size=(8.0, 5.0),
+    )
 
 
 def delay_cdf(cdf: Table) -> Plot:
-    @_plot("delay_cdf", "Packet delay CDF per policy (Fig. 17)")
-    def draw(fig: Figure) -> None:
-        ax = _axes(fig, "Packet delay", "delay (ms)", "fraction of packets")
-        for label, rows in _series(cdf, ["policy", "graph"]):
-            ax.plot(*_xy(rows, "delay_ms", "fraction"), label=label)
-        _legend(ax)
-
-    return draw
+    return _lines(
+        cdf,
+        ("delay_cdf", "Packet delay CDF per policy (Fig. 17)"),
+        ("Packet delay", "delay (ms)", "fraction of packets"),
+        ["policy", "graph"],
+        "delay_ms",
+        "fraction",
+    )
 
 
 def outcomes(by_outcome: Table) -> Plot:

@@ -17,9 +17,11 @@ The reader (:mod:`~agiledart.analysis.parse`) keeps, of each valid record, only 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pyspark.sql import types as T
 
-from agiledart.traces.schema import COMMON, FIELDS, NULLABLE, SCHEMA_VERSION
+from agiledart.traces.schema import COMMON, FIELDS, NULLABLE, SCHEMA_VERSION, column_type
 
 __all__ = [
     "ANALYZED",
@@ -37,23 +39,18 @@ CORRUPT = "_corrupt"
 RECORD_TYPES: tuple[str, ...] = tuple(FIELDS)
 
 
+#: the Spark type of each plain trace field type (docs/traces.md)
+SPARK_SCALARS: dict[str, Callable[[], T.DataType]] = {
+    "int": T.LongType,
+    "float": T.DoubleType,
+    "str": T.StringType,
+    "any": T.StringType,
+    "bool": T.BooleanType,
+}
+
+
 def _spark_type(kind: str) -> T.DataType:
-    if kind == "int":
-        return T.LongType()
-    if kind == "float":
-        return T.DoubleType()
-    if kind in ("str", "any"):
-        return T.StringType()
-    if kind == "bool":
-        return T.BooleanType()
-    if kind == "[str]":
-        return T.ArrayType(T.StringType())
-    if kind == "[[str]]":
-        return T.ArrayType(T.ArrayType(T.StringType()))
-    if kind == "{str: [str]}":
-        return T.MapType(T.StringType(), T.ArrayType(T.StringType()))
-    msg = f"no Spark type for trace field type {kind!r}"
-    raise AssertionError(msg)
+    return column_type(kind, SPARK_SCALARS, T.ArrayType, T.MapType)
 
 
 def record_schema(kind: str) -> T.StructType:

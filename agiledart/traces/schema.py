@@ -15,12 +15,20 @@ accepted), ``bool``, ``[str]`` (list of strings), ``[[str]]``, ``{str: [str]}`` 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from agiledart.traces.errors import TraceError
 
-__all__ = ["COMMON", "FIELDS", "NULLABLE", "SCHEMA_VERSION", "TraceSchemaError", "check"]
+__all__ = [
+    "COMMON",
+    "FIELDS",
+    "NULLABLE",
+    "SCHEMA_VERSION",
+    "TraceSchemaError",
+    "check",
+    "column_type",
+]
 
 SCHEMA_VERSION = 1
 
@@ -143,6 +151,28 @@ NULLABLE: dict[str, frozenset[str]] = {
 
 class TraceSchemaError(TraceError, ValueError):
     """A trace record that does not follow the schema."""
+
+
+_T = TypeVar("_T")
+
+
+def column_type(
+    kind: str,
+    scalars: Mapping[str, Callable[[], _T]],
+    list_of: Callable[[_T], _T],
+    map_of: Callable[[_T, _T], _T],
+) -> _T:
+    """A field type (``int``, ``[str]``, ``{str: [str]}`` ...) as a column library's type:
+    ``scalars`` makes each plain type, ``list_of`` and ``map_of`` the nested ones."""
+    if kind.startswith("[") and kind.endswith("]"):
+        return list_of(column_type(kind[1:-1], scalars, list_of, map_of))
+    if kind.startswith("{str: ") and kind.endswith("}"):
+        inner = column_type(kind[6:-1], scalars, list_of, map_of)
+        return map_of(column_type("str", scalars, list_of, map_of), inner)
+    if kind not in scalars:
+        msg = f"no column type for trace field type {kind!r}"
+        raise AssertionError(msg)
+    return scalars[kind]()
 
 
 def _is(kind: str, value: Any) -> bool:
