@@ -70,6 +70,19 @@ class TraceSampler:
         self._skip = i - n
         return out
 
+    def sample_count(self, n: int, now: float) -> list[Trace]:
+        """Traces for about ``rate`` of ``n`` tuples whose places do not matter (a
+        source's batch: its traces ride with the batch, not with a record): the
+        expected count, its fraction rounded up at random; one draw a batch."""
+        expected = n * self.rate
+        k = int(expected)
+        if self._rng.random() < expected - k:
+            k += 1
+        self.seen += n
+        self.sampled += k
+        bits, new = self._rng.getrandbits, tuple.__new__  # (Trace's own __new__ is slow)
+        return [new(Trace, (bits(63), now)) for _ in range(k)]
+
 
 def trace_latency(trace: Trace, now: float) -> float:
     """Sink-side end-to-end latency in ms (clocks assumed synchronised)."""

@@ -46,7 +46,7 @@ class Aggregate(Operator):
         self._acc: dict[Any, Any] = {}
         loops: dict[str, Callable[[list[Record], list[Record]], None]] = {
             "count": self._count,
-            "sum": self._numeric,
+            "sum": self._sum,
             "mean": self._numeric,
             "min": self._numeric,
             "max": self._numeric,
@@ -75,12 +75,26 @@ class Aggregate(Operator):
             except (KeyError, TypeError) as e:
                 self._bad(e, r)
 
+    def _sum(self, records: list[Record], out: list[Record]) -> None:
+        """sum: a loop of its own (the throughput benchmark's; a test per record costs)."""
+        acc, key, field, append = self._acc, self.key, self.field, out.append
+        for r in records:
+            try:
+                k = None if key is None else r[key]
+                v = r[field]  # type: ignore[index]
+                if v.__class__ not in (int, float):
+                    raise TypeError(f"field {field!r} is not a number: {v!r}")  # noqa: EM102
+                ts = r["ts"]  # before the state changes: a record without one is bad
+                s = acc[k] = acc.get(k, 0) + v
+                append({"key": k, "value": s, "ts": ts})
+            except (KeyError, TypeError) as e:
+                self._bad(e, r)
+
     def _numeric(self, records: list[Record], out: list[Record]) -> None:
-        """sum, mean, min and max: one loop, the update chosen per record by a cheap
-        test (sum first: the throughput benchmark's)."""
+        """mean, min and max: one loop, the update chosen per record by a cheap test."""
         acc, key, field, append = self._acc, self.key, self.field, out.append
         agg = self.aggregate
-        is_sum, is_mean, is_min = agg == "sum", agg == "mean", agg == "min"
+        is_mean, is_min = agg == "mean", agg == "min"
         for r in records:
             try:
                 k = None if key is None else r[key]
@@ -88,9 +102,7 @@ class Aggregate(Operator):
                 if v.__class__ not in (int, float):
                     raise TypeError(f"field {field!r} is not a number: {v!r}")  # noqa: EM102
                 ts = r["ts"]
-                if is_sum:
-                    value = acc[k] = acc.get(k, 0) + v
-                elif is_mean:
+                if is_mean:
                     sn = acc.get(k)
                     if sn is None:
                         sn = acc[k] = [0, 0]

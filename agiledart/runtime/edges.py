@@ -132,7 +132,10 @@ class OutEdge:
         if not records:
             return
         last = len(records) - 1
-        points = [TracePoint(min(i, last), t) for i, t in enumerate(traces)] if traces else ()
+        new = tuple.__new__  # a NamedTuple's own constructor is a Python call: skip it
+        points = (
+            [new(TracePoint, (min(i, last), t)) for i, t in enumerate(traces)] if traces else ()
+        )
         loop = asyncio.get_running_loop()
         if self.batcher.extend(records, loop.time() * 1000.0, points):
             await self.flush()

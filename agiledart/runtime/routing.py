@@ -114,7 +114,7 @@ class Router:
         return next(e for e in self.edges[producer] if e.dest == peer)
 
     def sample(self, n: int) -> list[Trace]:
-        return [t for _, t in self._sampler.sample_batch(n, now_ms())]
+        return self._sampler.sample_count(n, now_ms())
 
     async def deliver(self, producer: str, records: list[Record], traces: list[Trace]) -> None:
         """A local node's output: to local sinks, consuming segments, remote peers."""

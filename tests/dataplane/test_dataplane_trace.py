@@ -65,3 +65,16 @@ def test_sample_batch_draws_as_many_single_samples(rate: float) -> None:
     ]
     assert batched == singles
     assert (many.seen, many.sampled) == (one.seen, one.sampled)
+
+
+@pytest.mark.parametrize(("rate", "n"), [(0.05, 1000), (0.003, 1000), (1.0, 7), (0.5, 1)])
+def test_sample_count_gives_the_expected_count_its_fraction_at_random(rate: float, n: int) -> None:
+    sampler = TraceSampler(rate=rate, seed=5)
+    counts = [len(sampler.sample_count(n, 4.0)) for _ in range(2000)]
+    expected = n * rate
+    assert set(counts) <= {int(expected), int(expected) + 1}
+    assert abs(sum(counts) / len(counts) - expected) < 0.05 + expected * 0.02
+    assert (sampler.seen, sampler.sampled) == (2000 * n, sum(counts))
+    again = TraceSampler(rate=rate, seed=5)
+    assert [len(again.sample_count(n, 4.0)) for _ in range(2000)] == counts
+    assert all(t.source_ts == 4.0 for t in sampler.sample_count(n, 4.0))
