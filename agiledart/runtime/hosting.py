@@ -6,6 +6,7 @@ end, a failure, checkpoint reports, scaling requests), until a scheduler takes i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,7 @@ from agiledart.app.parse import parse_spec
 from agiledart.errors import AgiledartError
 from agiledart.overlay.errors import MalformedError
 from agiledart.overlay.tcp import ConnectionInfo
+from agiledart.runtime.appstate import AppRecord
 from agiledart.runtime.code import code_ids_in
 from agiledart.runtime.deployment import Deployment
 from agiledart.runtime.errors import UnknownApp
@@ -137,12 +139,30 @@ class Hosting:
             inst = self.rt.instances.get(d.app_id)
             if inst is None or inst.deployment is not d:
                 return
+            now = await self._scheduler_now(d, to)
+            if now is not None:  # the next try goes there
+                self.rt.rebound[d.app_id] = now
             if asyncio.get_running_loop().time() + wait > deadline:
                 log.warning("app %s: gave up reporting %s to its scheduler", d.app_id, type)
                 return
             log.warning("%s to the scheduler failed (%s); again in %.1f s", type, problem, wait)
             await asyncio.sleep(wait)
             wait = min(wait * 2, 5.0)
+
+    async def _scheduler_now(self, d: Deployment, tried: Address) -> Address | None:
+        """Where the app's scheduler is, when ``tried`` did not take a report: the peer
+        its record names, or the one that deployed it, if that peer says it schedules
+        the app. (An adopter that rebound this peer and then restarted, while the
+        scheduler it took over from came back and kept the app, rebinds nobody.)"""
+        candidates: list[Address] = []
+        with contextlib.suppress(AgiledartError):
+            rec = AppRecord.from_wire(await self.rt.records.get(record_key("app", d.app_id)))
+            candidates.append(rec.scheduler)
+        candidates.append(d.scheduler)
+        for addr in dict.fromkeys(candidates):
+            if addr != tried and await self.rt.scheduler.still_scheduled(addr, d.app_id):
+                return addr
+        return None
 
     def scheduler_of(self, d: Deployment) -> Address:
         return self.rt.rebound.get(d.app_id, d.scheduler)
