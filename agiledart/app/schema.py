@@ -293,7 +293,8 @@ SINK_PARAMS: Mapping[str, tuple[Param, ...]] = {
         *_MQTT,
         _p("buffer", "posint", default=10_000, unit="records"),
         _p("drain_timeout_ms", "nonnegint", default=30_000, **_MS),
-        # with checkpoints: committed epochs waiting for the broker, at most
+        # exactly-once (with checkpoints): committed epochs waiting for the broker, at most
+        _p("delivery", "enum", choices=("at-least-once", "exactly-once"), default="at-least-once"),
         _p("buffer_mb", "posint", default=64, unit="MiB"),
         _p("id_in_payload", "bool", default=False),
     ),

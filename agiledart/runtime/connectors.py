@@ -623,7 +623,7 @@ def open_sink(
 
         _check_env(spec.params, f"sink {spec.id!r}", policy)
         app_id, instance, checkpointed = app
-        if checkpointed:  # per committed epoch, with ids
+        if checkpointed and spec.params.get("delivery") == "exactly-once":  # with ids
             return MqttEpochSink(
                 spec, brokers=brokers, app_id=app_id, instance=instance,
                 out_dir=Path(out_dir), resume=resume,

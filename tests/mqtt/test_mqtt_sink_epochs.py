@@ -175,7 +175,12 @@ def windows(name: str, broker: Broker, count: int = 12_000) -> dict[str, Any]:
                 "id": "out",
                 "peer": "gateway-1",
                 "connector": "mqtt",
-                "params": {"broker": broker.address, "topic": "out/{key}", "id_in_payload": True},
+                "params": {
+                    "broker": broker.address,
+                    "topic": "out/{key}",
+                    "id_in_payload": True,
+                    "delivery": "exactly-once",
+                },
                 "inputs": ["per_key"],
             },
         ],
