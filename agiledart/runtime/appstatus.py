@@ -10,13 +10,20 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from agiledart.operators.base import RECENT_ERRORS
+from agiledart.operators.base import RECENT_ERRORS, OperatorStats
 from agiledart.runtime.appstate import AppRecord, apps_index, utc_day
 from agiledart.runtime.errors import UnknownApp
 from agiledart.runtime.metrics import quantile
 from agiledart.runtime.records import Records, record_key
 
-__all__ = ["list_apps", "status_view"]
+__all__ = ["list_apps", "merged_operator", "status_view"]
+
+#: an operator's counters that add up over its instances on several peers (a
+#: scaled-out stateless operator runs on more than one)
+_ADDED = frozenset(
+    {"records_in", "records_out", "late", "errors", "dead_letters", "instances", "queued"}
+    | {"queued_batches", "rate"}
+)
 
 
 def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
@@ -31,7 +38,9 @@ def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
         uptime = max(uptime, float(peer_stats.get("uptime_s", 0.0)))
         sources.update(peer_stats.get("sources", {}))
         sinks.update(peer_stats.get("sinks", {}))
-        operators.update(peer_stats.get("operators", {}))
+        for name, op in (peer_stats.get("operators") or {}).items():
+            if isinstance(op, dict):
+                operators[name] = merged_operator(operators.get(name), op)
     problems = problems_of(stats)
     emitted = sum(s.get("emitted", 0) for s in sources.values())
     # recent end-to-end latencies of every sink, merged (then dropped from the peers' part)
@@ -78,6 +87,33 @@ def status_view(rec: AppRecord, stats: dict[str, Any]) -> dict[str, Any]:
         },
         "peers": _without_samples(stats),
     }
+
+
+def merged_operator(seen: dict[str, Any] | None, more: dict[str, Any]) -> dict[str, Any]:
+    """One operator's statistics over the peers that run it: ``seen`` (the peers read
+    so far; None: none) with ``more`` (one more peer's). Counters add up, recent errors
+    merge by type and message; a measure of one instance (health, busy, wait) is the
+    busiest instance's."""
+    if seen is None:
+        return dict(more)
+    out = dict(seen if _busy(seen) >= _busy(more) else more)
+    for key in _ADDED & (seen.keys() | more.keys()):
+        out[key] = _number(seen.get(key)) + _number(more.get(key))
+    errors = OperatorStats()
+    for error in [*seen.get("recent_errors", ()), *more.get("recent_errors", ())]:
+        if isinstance(error, dict) and {"type", "message"} <= error.keys():
+            errors.note_error(error)
+    if errors.recent_errors:
+        out["recent_errors"] = errors.recent_errors
+    return out
+
+
+def _number(value: object) -> float | int:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+
+def _busy(op: dict[str, Any]) -> float:
+    return float(_number(op.get("utilization")))
 
 
 def problems_of(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -13,7 +13,7 @@ import pytest
 from agiledart.app import AppSpec, parse_spec
 from agiledart.app.errors import ExecutionError, SpecError
 from agiledart.runtime.appstate import AppRecord
-from agiledart.runtime.appstatus import status_view
+from agiledart.runtime.appstatus import merged_operator, status_view
 from agiledart.runtime.code import Bundle, CodeStore, code_id_of, code_ids_in
 from agiledart.runtime.deployment import Deployment
 from agiledart.runtime.errors import CodeError, StoreError, UnknownApp
@@ -496,6 +496,34 @@ def test_status_totals_add_up_the_peers_statistics() -> None:
     # finished app, from its stored final statistics) sees them again
     assert stats["p"]["sinks"]["out"]["latency_recent_ms"] == [9.0, 1.0]
     assert status_view(RECORD, stats)["totals"] == view["totals"]
+
+
+def test_an_operator_on_several_peers_adds_up_in_the_totals() -> None:
+    # a scaled-out stateless operator runs on two peers: both instances' counters count
+    stats: dict[str, Any] = {
+        "p": {"operators": {"a": {"late": 1, "utilization": 0.2}}},
+        "q": {"operators": {"a": {"late": 2, "utilization": 0.9}, "b": "garbage"}},
+    }
+    assert status_view(RECORD, stats)["totals"]["late"] == 3
+
+
+def test_an_operators_statistics_merge_counters_and_keep_the_busiest_measures() -> None:
+    error = {"type": "KeyError", "message": "'t'", "record": "{}", "count": 2}
+    merged = merged_operator(
+        merged_operator(None, {"records_in": 5, "instances": 1, "utilization": 0.1}),
+        {
+            "records_in": 7,
+            "instances": 2,
+            "utilization": 0.8,
+            "health": 0.4,
+            "recent_errors": [error, {"bad": "error"}],
+        },
+    )
+    assert merged["records_in"] == 12
+    assert merged["instances"] == 3
+    assert merged["utilization"] == 0.8
+    assert merged["health"] == 0.4
+    assert merged["recent_errors"] == [error]
 
 
 def test_status_of_an_app_without_statistics_has_zero_totals() -> None:
