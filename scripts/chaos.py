@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from benchlib import free_port
 
 from agiledart.app import AppSpec, parse_spec
 from agiledart.emulation import LocalCluster, site_name
@@ -434,7 +435,7 @@ class Soak:
         extra = ["--workers", "0"]
         if self.schedule.lossy is not None:
             extra += ["--links", str(links_file(self.schedule.lossy, self.root / "links.json"))]
-        port = _free_port()
+        port = free_port()
         cluster = LocalCluster(PEERS, port=port, workdir=self.root, extra_args=extra)
         with cluster:
             try:
@@ -582,23 +583,6 @@ class Soak:
                 continue
             return s
         return None
-
-
-def _free_port() -> int:
-    import socket
-
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-                u.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return port
-    msg = "no free port"
-    raise AgiledartError(msg)
 
 
 def code_version() -> str:
