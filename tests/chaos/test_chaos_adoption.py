@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from support.apps import running_record
 
+from agiledart.errors import AgiledartError
 from agiledart.overlay.routing import Contact
 from agiledart.runtime import adoption
 from agiledart.runtime.appstate import AppRecord, AppState
@@ -268,3 +269,33 @@ def test_an_adopter_does_not_restart_an_app_its_slow_scheduler_ended_meanwhile(
     asyncio.run(s.adopt_from("edge-1"))
     assert restarts == []
     assert "q-0" not in s.apps
+
+
+def test_a_sources_peer_that_misses_one_probe_does_not_fail_the_app(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An operator's peer died; the source's peer, loaded, missed the one probe that
+    asked which other hosts were gone, and the app failed as if the source had died.
+    It now gets the source's grace: the app goes on to recover the operator."""
+    store = Store()
+    rec = running_record("q-0")
+    rec.placement, rec.sources, rec.sinks = {"count": ["edge-2"]}, {"in": "sensor-2"}, {}
+    s = scheduler("edge-1", 1, store)
+    s.pinned_grace_s = 5.0
+    probes: list[str] = []
+    taken: list[str] = []
+
+    async def answers(rec: AppRecord, peer: str) -> bool:
+        probes.append(peer)
+        return probes.count(peer) > 1  # the first probe goes unanswered
+
+    async def takeover(lost: str, *, exclude: set[str]) -> None:
+        taken.append(lost)
+
+    monkeypatch.setattr(s.hosts, "answers", answers)
+    monkeypatch.setattr(s.recovery, "_takeover", takeover)
+    monkeypatch.setattr(s, "spec_of", lambda rec: None)  # not needed before the takeover
+    with pytest.raises(AgiledartError, match="no live peer to take over"):
+        asyncio.run(s.recovery.restart_without(rec, "edge-2", 0.0))
+    assert probes == ["sensor-2", "sensor-2"]
+    assert taken == ["edge-2"]
