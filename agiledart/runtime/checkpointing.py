@@ -11,8 +11,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from agiledart.errors import AgiledartError
 from agiledart.runtime.appstate import AppRecord, ScheduledApp
 from agiledart.runtime.epochs import CHECKPOINT_RATE, Epoch, Pacer, checkpointing
+from agiledart.runtime.errors import UnknownApp
 from agiledart.runtime.links import Address
 from agiledart.runtime.recovery import holders_of
 
@@ -68,10 +70,28 @@ class Checkpointer:
             app.checkpoint_loop = None
 
     async def _barriers(self, rec: AppRecord, epoch: Epoch) -> None:
+        """Barrier ``epoch`` into the sources. A source's peer that answers but runs
+        no instance of the app lost it (a scheduler that ended the app and could not
+        store its end undeployed it, a restart nobody reported): the app recovers."""
         body = {"app_id": rec.app_id, "epoch": epoch.epoch, "generation": rec.generation}
         peers = sorted(set(rec.sources.values()))
-        quiet = self.s.hosts.quiet
-        await asyncio.gather(*(quiet(rec.address_of(p), "app_barrier", body) for p in peers))
+        lost = await asyncio.gather(*(self._barrier(rec, p, body) for p in peers))
+        gone = [p for p, no_instance in zip(peers, lost, strict=True) if no_instance]
+        if gone:
+            log.warning(
+                "app %s: %s runs no instance of it; recovering", rec.app_id, ", ".join(gone)
+            )
+            self.s.tasks.spawn(self.s.recovery.recover(rec.app_id, gone[0], restarted=True))
+
+    async def _barrier(self, rec: AppRecord, peer: str, body: dict[str, Any]) -> bool:
+        """Send ``peer`` the barrier; True when it answered that it runs no instance."""
+        try:
+            await self.s.links.request(rec.address_of(peer), "app_barrier", body, timeout=10.0)
+        except UnknownApp:
+            return True
+        except AgiledartError as exc:
+            log.warning("app_barrier to %s failed: %s", peer, exc)
+        return False
 
     async def _turn(self) -> float:
         """Wait for this scheduler's next checkpoint slot (:class:`Pacer`); the seconds

@@ -18,6 +18,8 @@ from agiledart.errors import AgiledartError
 from agiledart.overlay.routing import Contact
 from agiledart.runtime import adoption
 from agiledart.runtime.appstate import AppRecord, AppState
+from agiledart.runtime.epochs import Epoch
+from agiledart.runtime.errors import UnknownApp
 from agiledart.runtime.links import Address
 from agiledart.runtime.records import record_key
 from agiledart.runtime.scheduler import Scheduler
@@ -299,3 +301,60 @@ def test_a_sources_peer_that_misses_one_probe_does_not_fail_the_app(
         asyncio.run(s.recovery.restart_without(rec, "edge-2", 0.0))
     assert probes == ["sensor-2", "sensor-2"]
     assert taken == ["edge-2"]
+
+
+class Links:
+    """Hosts that answer a barrier: ``lost`` ones run no instance of the app."""
+
+    def __init__(self, lost: set[Address]) -> None:
+        self.lost = lost
+        self.sent: list[Address] = []
+
+    async def request(self, address: Address, type: str, body: Any, timeout: float) -> Any:
+        self.sent.append(address)
+        if address in self.lost:
+            raise UnknownApp(f"app {body['app_id']!r} is not deployed on it")
+        return None
+
+
+def test_a_source_peer_that_lost_its_instance_recovers_the_app() -> None:
+    """Chaos seed 241 (a partition of the app's scheduler, 2 replays in 164 on 16 cores):
+    the scheduler saw the app end but could not store its end (the records' holders were
+    cut off), undeployed it, and was declared dead; its adopter, with the record still
+    saying running, sent barriers that every source's peer refused (not deployed) for
+    ever. A source's peer that runs no instance now makes the app recover."""
+    rec = running_record("q-0")
+    rec.sources = {"in": "sensor-1", "more": "sensor-2"}
+    rec.addresses = {"sensor-1": ["127.0.0.2", 1], "sensor-2": ["127.0.0.3", 1]}
+    s = scheduler("edge-1", 1, Store())
+    s.links = Links({("127.0.0.2", 1)})  # type: ignore[assignment]
+    recovered: list[tuple[str, str, bool]] = []
+
+    async def recover(app_id: str, dead: str, *, restarted: bool = False) -> None:
+        recovered.append((app_id, dead, restarted))
+
+    s.recovery.recover = recover  # type: ignore[method-assign]
+
+    async def cut() -> None:
+        await s.checkpoints._barriers(rec, Epoch(epoch=4, started=0.0, generation=0))
+        await asyncio.sleep(0)  # the recovery runs as the scheduler's task
+
+    asyncio.run(cut())
+    assert sorted(s.links.sent) == [("127.0.0.2", 1), ("127.0.0.3", 1)]  # type: ignore[attr-defined]
+    assert recovered == [("q-0", "sensor-1", True)]
+
+
+def test_barriers_that_every_source_peer_takes_recover_nothing() -> None:
+    rec = running_record("q-0")
+    rec.sources = {"in": "sensor-1"}
+    rec.addresses = {"sensor-1": ["127.0.0.2", 1]}
+    s = scheduler("edge-1", 1, Store())
+    s.links = Links(set())  # type: ignore[assignment]
+    recovered: list[str] = []
+
+    async def recover(app_id: str, dead: str, *, restarted: bool = False) -> None:
+        recovered.append(dead)
+
+    s.recovery.recover = recover  # type: ignore[method-assign]
+    asyncio.run(s.checkpoints._barriers(rec, Epoch(epoch=1, started=0.0, generation=0)))
+    assert recovered == []
