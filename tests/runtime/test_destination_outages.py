@@ -38,7 +38,7 @@ from agiledart.app import parse_spec
 from agiledart.emulation import LocalCluster
 from agiledart.local.reference import canonical, reference_outputs
 
-pytestmark = [pytest.mark.processes, pytest.mark.slow]
+pytestmark = [pytest.mark.processes, pytest.mark.slow, pytest.mark.timeout(300)]
 
 SENSOR_1, SENSOR_2, GATEWAY_1, GATEWAY_2, EDGE_1 = range(5)
 OUTAGE_S = 30.0
@@ -50,6 +50,9 @@ PG_ENV = "AGILEDART_SECRET_PG"
 #: the sinks that must lose nothing, and the one whose buffer overflows
 EXACT = ("to_mqtt", "to_sql", "to_http")
 SMALL = "raw_mqtt"
+#: its topic: long, so that a few seconds of readings fill 1 MiB (about 500 bytes each
+#: on its disk) however slowly a loaded machine generates them
+RAW_TOPIC = "raw/" + "x" * 400 + "/{key}"
 
 
 class Consumer:
@@ -186,7 +189,7 @@ def fanned_out(broker: Broker, pg_url: str, url: str) -> dict[str, Any]:
             sink("to_mqtt", "mqtt", {**mqtt, "topic": "out/{key}"}, "per_key"),
             sink("to_sql", "sql", sql, "per_key"),
             sink("to_http", "http", {"url": url, "batch_records": 7}, "per_key"),
-            sink(SMALL, "mqtt", {**mqtt, "topic": "raw/{key}", "buffer_mb": 1}, "readings"),
+            sink(SMALL, "mqtt", {**mqtt, "topic": RAW_TOPIC, "buffer_mb": 1}, "readings"),
         ],
     }
 
