@@ -10,7 +10,7 @@ each record with the wall-clock time it decoded it (the payloads carry no ``ts``
 the engine's rate is the burst over the time from the publish's start to the last
 stamp; ``mosquitto_sub``'s is the burst over the time to its exit.
 
-*Sinks* (``--sinks``, default ``sqlite,postgresql``): on the same two peers, an
+*Sinks* (``--sinks``, default ``sqlite,postgresql,mqtt``): on the same two peers, an
 ``mqtt`` source (QoS 1, a burst of ``--records`` published by one ``mosquitto_pub -l``)
 on the first -> a 1 s keyed window (sum of ``v`` over 7 keys) -> a ``sql`` sink on the
 second (SQLite: a file on the sink's peer; PostgreSQL: a throwaway cluster on
@@ -24,14 +24,18 @@ first saw it minus its window's close (its end, or for the last window, cut shor
 the burst's end, the time ``mosquitto_pub`` had the whole burst acked). Each table
 must end exact: one row per (key, window), per key the sum of the burst's values
 (the windows follow the decode times, so the rows themselves are not fixed). The
-``mqtt`` sink is not measured: it does not yet release its records per committed
-epoch, so it has no exactly-once side to compare.
+``mqtt`` sink (``--sinks mqtt``) runs the same way, publishing each window's row to
+``bench/out/RUN/{key}`` (QoS 1) on the same broker: exactly-once is ``delivery:
+exactly-once`` with checkpoints (each committed epoch's messages, each with its
+``agiledart-id``), at-most-once the same pipeline without checkpoints (published at
+once); its "table" is what a plain MQTT 5 subscriber in the bench received, after it
+dropped repeated ids.
 
 Usage::
 
     python scripts/bench_connectors.py --json
     python scripts/bench_connectors.py --burst 10000 --rounds 3 --json
-    python scripts/bench_connectors.py --sinks-only --sinks sqlite,postgresql --records 20000 --json
+    python scripts/bench_connectors.py --sinks-only --sinks mqtt --records 20000 --json
 
 The last line (with ``--json``) is one JSON object: ``burst_messages``,
 ``burst_delivered_fraction`` (what the app's source received of the QoS 1 burst, the
@@ -43,15 +47,18 @@ second into the table), ``{sink}_p99_ms`` and ``{sink}_at_most_once_p99_ms`` (to
 table), ``{sink}_sink_write_p99_ms`` and ``{sink}_at_most_once_sink_write_p99_ms``
 (the sink's own ``latency_p99_ms`` in ``status``: source to the sink's write, before
 any commit), ``{sink}_rows``, ``exactly_once_vs_at_most_once`` (the lowest ratio of
-the throughputs over the sinks) and ``sink_tables_exact``. ``--keep DIR`` works in
-``DIR`` and leaves each table's final rows in ``DIR/tables/TABLE.json`` (and each
-app's last ``status`` in ``DIR/status/``).
+the throughputs over the sinks), ``sink_tables_exact`` and ``sinks_together``
+(``--together``: the runs went at once, so their figures share the CPU; the tests'
+quick check). ``--keep DIR`` works in ``DIR`` and leaves each table's final rows in
+``DIR/tables/TABLE.json`` (the mqtt sink's "table": what its subscriber kept) and each
+app's last ``status`` in ``DIR/status/``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import glob
 import json
@@ -68,8 +75,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import paho.mqtt.client as paho
 import psycopg
 from benchlib import free_port
+from paho.mqtt.properties import Properties
 
 from agiledart.emulation import LocalCluster, site_name
 
@@ -105,15 +114,25 @@ def burst_lines(n: int) -> bytes:
     return "".join(f'{{"key":"k{i % 7}","v":{i}}}\n' for i in range(n)).encode()
 
 
+#: lines one ``mosquitto_pub -l`` publishes, at most: past 65,535 its message ids wrap,
+#: and it exits (status 0) once the id of its last line is acknowledged, the first time
+#: (Mosquitto 2.0.11: of 100,000 lines it published 34,467, the broker's log saying the
+#: client "disconnected due to out of memory")
+PUB_LINES = 60_000
+
+
 def publish(port: int, topic: str, lines: bytes) -> float:
-    """Publish a burst with ``mosquitto_pub -l`` (QoS 1); when it started (wall clock)."""
+    """Publish a burst with ``mosquitto_pub -l`` (QoS 1), ``PUB_LINES`` lines a call,
+    one call after another; when it started (wall clock)."""
     start = time.time()
-    subprocess.run(
-        ["mosquitto_pub", "-p", str(port), "-t", topic, "-q", "1", "-l"],
-        input=lines,
-        check=True,
-        timeout=300,
-    )
+    rows = lines.splitlines(keepends=True)
+    for i in range(0, len(rows), PUB_LINES):
+        subprocess.run(
+            ["mosquitto_pub", "-p", str(port), "-t", topic, "-q", "1", "-l"],
+            input=b"".join(rows[i : i + PUB_LINES]),
+            check=True,
+            timeout=300,
+        )
     return start
 
 
@@ -147,6 +166,14 @@ def agiledart(cluster: LocalCluster, *args: str) -> Any:
         msg = f"agiledart {' '.join(args)} exited with {proc.returncode}: {proc.stderr}"
         raise RuntimeError(msg)
     return json.loads(proc.stdout)
+
+
+def status(cluster: LocalCluster, app: str) -> dict[str, Any]:
+    """The app's ``status`` (what ``agiledart status --json`` prints), asked of the
+    cluster's second peer in this process: a CLI process costs about half a CPU
+    second, and the runs poll it while they wait (``--together``: six at once)."""
+    found: dict[str, Any] = asyncio.run(cluster.request(1, "status", {"app_id": app}, timeout=60.0))
+    return found
 
 
 def engine(
@@ -195,14 +222,14 @@ def engine(
         return {}
 
     deadline = time.monotonic() + 60
-    while not source(cli("status", app)).get("subscribed"):
+    while not source(status(cluster, app)).get("subscribed"):
         if time.monotonic() > deadline:
             msg = "the app's source did not subscribe within 60 s"
             raise RuntimeError(msg)
         time.sleep(0.2)
     start = publish(broker.port, topic, burst_lines(n))
     deadline = time.monotonic() + 120
-    while (s := cli("status", app))["state"] != "finished":
+    while (s := status(cluster, app))["state"] != "finished":
         if time.monotonic() > deadline:
             break  # lost messages: the app waits for its count
         time.sleep(0.5)
@@ -220,13 +247,17 @@ def engine(
     }
 
 
-# -- the sink pipelines: MQTT -> 1 s keyed window -> sql sink -------------------------
+# -- the sink pipelines: MQTT -> 1 s keyed window -> sql or mqtt sink -----------------
 
-SINKS = ("sqlite", "postgresql")
+SINKS = ("sqlite", "postgresql", "mqtt")
+ID_PROPERTY = "agiledart-id"  #: the mqtt sink's message id (a user property)
 PG_PASSWORD = "agiledart-bench-password"
 PG_ENV = "AGILEDART_SECRET_BENCH_PG"  #: the peers inherit it (set before they start)
 WINDOW_MS = 1_000
 KEYS = 7
+#: seconds between a sink run's ``status`` calls while it waits for its app to start or
+#: end (the figures come from the table's polls, not these)
+STATUS_POLL_S = 0.5
 
 
 class Postgres:
@@ -304,9 +335,10 @@ def exact(rows: list[tuple[Any, ...]], n: int) -> bool:
 
 
 def sink_spec(name: str, topic: str, broker: Mosquitto, n: int, sink: dict[str, Any],
-              exactly_once: bool) -> dict[str, Any]:  # fmt: skip
+              exactly_once: bool, connector: str = "sql") -> dict[str, Any]:  # fmt: skip
     """mqtt (QoS 1, ``n`` records) on the first peer -> 1 s keyed window (sum of ``v``)
-    and the sql sink on the second; checkpoints (erasure, an epoch a second) or none."""
+    and the sink (``connector``: sql or mqtt) on the second; checkpoints (erasure, an
+    epoch a second) or none."""
     cp = {"mode": "erasure", "interval_ms": 1_000, "m": 1, "k": 1}
     return {
         "name": name,
@@ -337,12 +369,57 @@ def sink_spec(name: str, topic: str, broker: Mosquitto, n: int, sink: dict[str, 
             {
                 "id": "out",
                 "peer": site_name(1),
-                "connector": "sql",
+                "connector": connector,
                 "params": sink,
                 "inputs": ["per_key"],
             }
         ],
     }
+
+
+class Consumer:
+    """A plain MQTT 5 subscriber (paho, on its own thread) to the mqtt sink's topics:
+    the rows it received, each id once (a message without an id, from a sink without
+    checkpoints, is kept as it comes)."""
+
+    def __init__(self, port: int, topic_filter: str) -> None:
+        self.messages: list[tuple[bytes, str | None]] = []
+        self._lock = threading.Lock()
+        self._subscribed = threading.Event()
+        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+        self.client.on_connect = lambda client, *_: client.subscribe(topic_filter, qos=1)
+        self.client.on_subscribe = lambda *_: self._subscribed.set()
+        self.client.on_message = self._on_message
+        self.client.connect("127.0.0.1", port, keepalive=30)
+        self.client.loop_start()
+        if not self._subscribed.wait(20):
+            msg = f"the bench's subscriber to {topic_filter} got no SUBACK"
+            raise RuntimeError(msg)
+
+    def _on_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:
+        props: Properties | None = getattr(msg, "properties", None)
+        mid = dict(getattr(props, "UserProperty", []) or []).get(ID_PROPERTY)
+        with self._lock:
+            self.messages.append((bytes(msg.payload), mid))
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        """``(key, window_start, window_end, value)`` of every message, each id once."""
+        with self._lock:
+            messages = list(self.messages)
+        seen: set[str] = set()
+        out = []
+        for payload, mid in messages:
+            if mid is not None:
+                if mid in seen:
+                    continue
+                seen.add(mid)
+            r = json.loads(payload)
+            out.append((r["key"], r["window_start"], r["window_end"], r["value"]))
+        return out
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
 
 
 def sink_run(
@@ -361,12 +438,20 @@ def sink_run(
     name = f"{database}-{mode.replace('_', '-')}"
     table = f"windows_{database}_{mode}"  # not sqlite_*: reserved
     topic = f"{TOPIC}/{name}"
+    consumer: Consumer | None = None
     if database == "postgresql":
         assert pg is not None
         sink: dict[str, Any] = {"url": pg.url, "password_env": PG_ENV, "table": table}
+    elif database == "mqtt":
+        out_topic = f"bench/out/{name}"
+        sink = {"broker": f"127.0.0.1:{broker.port}", "topic": out_topic + "/{key}", "qos": 1}
+        if exactly_once:
+            sink["delivery"] = "exactly-once"
+        consumer = Consumer(broker.port, out_topic + "/#")
     else:
         sink = {"table": table}
-    spec = sink_spec(name, topic, broker, n, sink, exactly_once)
+    connector = "mqtt" if database == "mqtt" else "sql"
+    spec = sink_spec(name, topic, broker, n, sink, exactly_once, connector)
     path = work / f"{name}.json"
     path.write_text(json.dumps(spec))
     app = agiledart(cluster, "submit", str(path))["app_id"]
@@ -375,7 +460,7 @@ def sink_run(
 
     def ready() -> str | None:
         nonlocal s
-        s = agiledart(cluster, "status", app)
+        s = status(cluster, app)
         if s["state"] in ("failed", "stopped"):
             msg = f"{name}: the app ended {s['state']}: {s.get('error')}"
             raise RuntimeError(msg)
@@ -390,9 +475,11 @@ def sink_run(
         if time.monotonic() > deadline:
             msg = f"{name}: the app's source did not subscribe within 60 s: {json.dumps(s)[:3000]}"
             raise RuntimeError(msg)
-        time.sleep(0.2)
+        time.sleep(STATUS_POLL_S)
 
     def rows() -> list[tuple[Any, ...]]:
+        if consumer is not None:
+            return consumer.rows()
         sql = f"SELECT key, window_start, window_end, value FROM {table}"
         if pg is not None and database == "postgresql":
             try:
@@ -411,19 +498,12 @@ def sink_run(
 
     total = sum(reference_sums(n).values())
     seen: dict[tuple[Any, Any, Any], float] = {}
-    pub = subprocess.Popen(
-        ["mosquitto_pub", "-p", str(broker.port), "-t", topic, "-q", "1", "-l"],
-        stdin=subprocess.PIPE,
-    )
     lines = sink_lines(n)
     published: list[float] = []
 
-    def feed() -> None:  # the pipe blocks while mosquitto_pub waits on the broker
-        assert pub.stdin is not None
-        pub.stdin.write(lines)
-        pub.stdin.close()
-        pub.wait()
-        published.append(time.time())  # it exits once the broker acked the whole burst
+    def feed() -> None:
+        publish(broker.port, topic, lines)
+        published.append(time.time())  # mosquitto_pub exits once the broker acked all
 
     start = time.time()
     feeder = threading.Thread(target=feed, daemon=True)
@@ -441,7 +521,7 @@ def sink_run(
             break
         if now > checked + 3.0:  # a failed app ends the wait (a status costs a CLI call)
             checked = now
-            if agiledart(cluster, "status", app)["state"] in ("failed", "stopped"):
+            if status(cluster, app)["state"] in ("failed", "stopped"):
                 break
         time.sleep(0.1)
     feeder.join(timeout=60)
@@ -452,12 +532,14 @@ def sink_run(
         (at - min(w_end / 1000.0, burst_end)) * 1000.0 for (_, _, w_end), at in seen.items()
     ]
     deadline = time.monotonic() + 120
-    while (s := agiledart(cluster, "status", app))["state"] not in ("finished", "failed"):
+    while (s := status(cluster, app))["state"] not in ("finished", "failed"):
         if time.monotonic() > deadline:
             agiledart(cluster, "stop", app)
             break
-        time.sleep(0.5)
+        time.sleep(2 * STATUS_POLL_S)
     final = rows()
+    if consumer is not None:
+        consumer.close()
     if s["state"] != "finished":
         print(f"{name}: the app ended {s['state']}: {s.get('error')}", file=sys.stderr)
     out = next(p["sinks"]["out"] for p in s["peers"].values() if "out" in p["sinks"])
@@ -493,15 +575,25 @@ def sink_part(
     n: int,
     work: Path,
     sinks: list[str],
+    together: bool = False,
 ) -> dict[str, Any]:
-    """Every sink each way, exactly-once first; the JSON keys of the sink part."""
+    """Every sink each way, exactly-once first (``together``: every run at once, a
+    check of the output rather than a measure); the JSON keys of the sink part."""
     result: dict[str, Any] = {"sink_records": n, "sinks_measured": sinks}
     ratios: list[float] = []
     exact_all = True
+    cases = [(database, eo) for database in sinks for eo in (True, False)]
+    done: dict[tuple[str, bool], dict[str, Any]] = {}
+    if together:
+        with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
+            futures = {c: pool.submit(sink_run, cluster, broker, pg, n, work, *c) for c in cases}
+            done = {c: f.result() for c, f in futures.items()}
     for database in sinks:
         runs = {}
         for exactly_once in (True, False):
-            r = sink_run(cluster, broker, pg, n, work, database, exactly_once)
+            r = done.get((database, exactly_once)) or sink_run(
+                cluster, broker, pg, n, work, database, exactly_once
+            )
             runs[r["mode"]] = r
             exact_all = exact_all and r["exact"] and r["complete"]
             p99 = "-" if r["p99_ms"] is None else f"{r['p99_ms']:,.0f} ms"
@@ -538,10 +630,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sinks",
         default=",".join(SINKS),
-        help="sink pipelines to measure, comma-separated (sqlite, postgresql); '' for none",
+        help="sink pipelines to measure, comma-separated (sqlite, postgresql, mqtt); '' for none",
     )
     parser.add_argument("--records", type=int, default=20_000, help="records per sink run")
     parser.add_argument("--sinks-only", action="store_true", help="skip the ingest part")
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="run the sink pipelines all at once (a quick check: they share the CPU)",
+    )
     parser.add_argument(
         "--keep", type=Path, help="work in this folder and keep it (tables/ holds each table)"
     )
@@ -588,7 +685,9 @@ def main(argv: list[str] | None = None) -> int:
                         file=sys.stderr,
                     )
                 if sinks:
-                    result.update(sink_part(cluster, broker, pg, args.records, work, sinks))
+                    result.update(
+                        sink_part(cluster, broker, pg, args.records, work, sinks, args.together)
+                    )
             dropped = broker.dropped()
         finally:
             broker.close()
@@ -606,6 +705,8 @@ def main(argv: list[str] | None = None) -> int:
             "engine_shed": sum(r["shed"] for r in rows),
             **result,
         }
+    if sinks:
+        result["sinks_together"] = args.together
     result["broker_dropped_warnings"] = dropped
     result["load_avg_1m"] = round(os.getloadavg()[0], 2)
     result["cpus"] = os.cpu_count()
