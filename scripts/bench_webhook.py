@@ -3,8 +3,9 @@
 One ``HttpSource`` in this process (downstream takes every batch at once); the
 clients in a child process (``--clients`` aiohttp sessions POSTing requests of
 ``--records`` records, each with its own ``Idempotency-Key``, for ``--seconds``).
-Its last line is one JSON object: ``records_per_s``, ``requests_per_s`` and the
-settings. Run it on the code before and after a change, on the same machine::
+Its last line is one JSON object: ``records_per_s``, ``requests_per_s``,
+``receiver_cpu_us_per_record`` (this process's CPU time per record: steadier than
+the rates on a shared machine) and the settings. Run it on the code before and after a change, on the same machine::
 
     .venv/bin/python scripts/bench_webhook.py --json
 """
@@ -90,12 +91,16 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         args=(f"http://127.0.0.1:{port}/", args.clients, args.records, args.seconds, out),
     )
     proc.start()
+    cpu0 = time.process_time()
     got: dict[str, Any] = await asyncio.to_thread(out.get, timeout=args.seconds + 60)
+    cpu = time.process_time() - cpu0
     proc.join()
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     return {
         **got,
+        # the receiver's CPU time per record taken: steadier than records/s on a busy machine
+        "receiver_cpu_us_per_record": cpu / max(emitted, 1) * 1e6,
         "clients": args.clients,
         "records_per_request": args.records,
         "seconds": args.seconds,
