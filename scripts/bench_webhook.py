@@ -5,7 +5,8 @@ clients in a child process (``--clients`` aiohttp sessions POSTing requests of
 ``--records`` records, each with its own ``Idempotency-Key``, for ``--seconds``).
 Its last line is one JSON object: ``records_per_s``, ``requests_per_s``,
 ``receiver_cpu_us_per_record`` (this process's CPU time per record: steadier than
-the rates on a shared machine) and the settings. Run it on the code before and after a change, on the same machine::
+the rates on a shared machine) and the settings. Run it on the code before and
+after a change, on the same machine::
 
     .venv/bin/python scripts/bench_webhook.py --json
 """

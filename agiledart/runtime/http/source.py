@@ -73,6 +73,13 @@ class BadBody(DataError):
 
 def records_of(body: bytes, wall_ms: float) -> list[Record]:
     """The records of a request's body; :class:`BadBody` says what is wrong."""
+    return parse_body(body, wall_ms)[0]
+
+
+def parse_body(body: bytes, wall_ms: float) -> tuple[list[Record], bool]:
+    """The records of a request's body, and whether they differ from it (a ``ts``
+    given or made an integer); :class:`BadBody` says what is wrong."""
+    changed = False
     try:
         value = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -86,14 +93,14 @@ def records_of(body: bytes, wall_ms: float) -> list[Record]:
             raise BadBody(msg)
         ts = item.get("ts")
         if isinstance(ts, float) and ts.is_integer():
-            item["ts"] = int(ts)
+            item["ts"], changed = int(ts), True
         elif not isinstance(ts, int) or isinstance(ts, bool):
             if ts is not None:
                 msg = f"record {i}: 'ts' must be an integer (ms), got {ts!r}"[:200]
                 raise BadBody(msg)
-            item["ts"] = int(wall_ms)
+            item["ts"], changed = int(wall_ms), True
         out.append(item)
-    return out
+    return out, changed
 
 
 #: how long a restored source waits for its port, while the generation before closes
@@ -111,6 +118,7 @@ class HttpSource:
         durable: bool = False,
         start: int = 0,
         batch_size: int = 1000,
+        tick_s: float = 0.005,
         wall_ms: Callable[[], float] = lambda: time.time() * 1000.0,
     ) -> None:
         p = spec.params
@@ -131,19 +139,22 @@ class HttpSource:
         self._durable = durable
         self._from = start  #: the log position to read on from (a restored source's)
         self._batch_size = batch_size
+        self._tick_s = tick_s
         self._wall_ms = wall_ms
         self._log: RequestLog | None = None
-        self._emitted_at = start  #: the log position after the last batch emitted
-        self._marks: dict[int, int] = {}  #: epoch -> its position, until committed
-        self._released = start  #: the position of the last committed epoch
+        self._emitted_at = start  #: records emitted (counted from the app's first)
+        self._emitted_frame = 0  #: the log position (a frame) after the last batch emitted
+        self._marks: dict[int, int] = {}  #: epoch -> its log position, until committed
+        self._released: int | None = None  #: the log position of the last committed epoch
         self._wake = asyncio.Event()
         self._started = False
 
     # -- checkpoints ----------------------------------------------------------------------
 
     def checkpoint(self, epoch: int) -> int:
-        """The log position barrier ``epoch`` follows: the records emitted before it."""
-        self._marks[epoch] = self._emitted_at
+        """Where barrier ``epoch`` cuts the source: the records emitted before it (a
+        restored source made with ``start`` = that reads on from the next)."""
+        self._marks[epoch] = self._emitted_frame
         return self._emitted_at
 
     def committed(self, epoch: int) -> None:
@@ -151,7 +162,7 @@ class HttpSource:
         done = [e for e in self._marks if e <= epoch]
         if not done:
             return
-        self._released = max(self._released, *(self._marks.pop(e) for e in done))
+        self._released = max(self._released or 0, *(self._marks.pop(e) for e in done))
         if self._log is not None:
             self._log.read_to(self._released)
 
@@ -176,18 +187,19 @@ class HttpSource:
             if len(key.encode()) > MAX_KEY:
                 msg = f"an Idempotency-Key is at most {MAX_KEY} bytes"
                 raise BadBody(msg)
-            records = records_of(body, self._wall_ms())
+            records, changed = parse_body(body, self._wall_ms())
         except BadBody as e:
             st.bad_requests += 1
             return web.Response(status=400, text=str(e))
         if self.count is not None:
             if log.logged >= self.count:
-                if key and log.offer([], key) is Offer.SEEN:
+                if log.seen(key):
                     st.repeated += 1
                     return web.json_response({"accepted": 0, "repeated": True}, status=202)
                 return web.Response(status=503, text="this source has ended")
-            records = records[: self.count - log.logged]
-        offer = log.offer(records, key)
+            taken = records[: self.count - log.logged]
+            changed, records = changed or len(taken) < len(records), taken
+        offer = log.offer(records, key, None if changed else body)
         if offer is Offer.SEEN:
             st.repeated += 1
             return web.json_response({"accepted": 0, "repeated": True}, status=202)
@@ -228,7 +240,7 @@ class HttpSource:
     # -- the SourceConnector protocol ---------------------------------------------------
 
     def _ended(self, log: RequestLog) -> bool:
-        return self.count is not None and log.reader.position >= self.count
+        return self.count is not None and log.records_read >= self.count
 
     async def run(self, emit: Callable[[list[Record]], Awaitable[None]]) -> None:
         """Hand the records POSTed to ``emit`` in batches; return after ``count``."""
@@ -246,24 +258,27 @@ class HttpSource:
         )
         runner: web.AppRunner | None = None
         try:
+            self._emitted_frame = log.position
+            if self._durable:
+                self._released = log.position
             runner = await self._listen()
             while not self._ended(log):
-                want = self._batch_size
-                if self.count is not None:
-                    want = min(want, self.count - log.reader.position)
-                batch = log.read(want)
-                position = log.reader.position
-                st.backlog, st.log_position = log.backlog, position
+                batch = log.read(self._batch_size)
+                read, frame = log.records_read, log.position
+                st.backlog, st.log_position = log.backlog, read
                 if batch:
                     await emit(batch)
                     st.emitted += len(batch)
                     st.batches += 1
-                self._emitted_at = position  # before any await: a barrier may come next
+                # before any await: a barrier may come next
+                self._emitted_at, self._emitted_frame = read, frame
                 if batch:
-                    log.read_to(self._released if self._durable else None)
+                    log.read_to(self._released)
                 elif not log.backlog:
                     self._wake.clear()
                     await self._wake.wait()
+                    if log.backlog < self._batch_size:
+                        await asyncio.sleep(self._tick_s)  # let a batch gather
         finally:
             if runner is not None:
                 await runner.cleanup()
