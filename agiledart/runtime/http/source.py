@@ -170,13 +170,14 @@ class HttpSource:
 
     async def _receive(self, request: web.Request) -> web.Response:
         st, log = self.stats, self._log
-        assert log is not None
         given = request.headers.get("Authorization", "").encode()
         if not hmac.compare_digest(given, self._token):
             st.unauthorized += 1
             return web.Response(
                 status=401, text="a bearer token is needed", headers={"WWW-Authenticate": "Bearer"}
             )
+        if log is None:  # listening, the log not open yet: a moment
+            return web.Response(status=503, text="the source is starting")
         key = request.headers.get("Idempotency-Key", "")
         try:
             body = await request.read()  # past client_max_size: 413
@@ -249,19 +250,21 @@ class HttpSource:
             raise ExecutionError(msg)
         self._started = True
         st = self.stats
-        log = self._log = RequestLog(
-            self.log_dir,
-            start=self._from,
-            limit=self.limit,
-            max_bytes=self.max_bytes,
-            keys=self.max_keys,
-        )
         runner: web.AppRunner | None = None
+        log: RequestLog | None = None
         try:
+            # listening first: then the app's generation before has let go of the log
+            runner = await self._listen()
+            log = self._log = RequestLog(
+                self.log_dir,
+                start=self._from,
+                limit=self.limit,
+                max_bytes=self.max_bytes,
+                keys=self.max_keys,
+            )
             self._emitted_frame = log.position
             if self._durable:
                 self._released = log.position
-            runner = await self._listen()
             while not self._ended(log):
                 batch = log.read(self._batch_size)
                 read, frame = log.records_read, log.position
@@ -283,7 +286,8 @@ class HttpSource:
             if runner is not None:
                 await runner.cleanup()
             st.listening = None
-            log.close(remove=not self._durable)
+            if log is not None:
+                log.close(remove=not self._durable)
             if not self._durable:
                 shutil.rmtree(self.log_dir, ignore_errors=True)
         st.finished = True
