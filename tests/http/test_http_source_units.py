@@ -20,7 +20,7 @@ from agiledart.operators import Record
 from agiledart.runtime.http import HttpSource
 from agiledart.runtime.http.log import Offer, RequestLog
 from agiledart.runtime.http.source import BadBody, records_of
-from agiledart.runtime.mqtt.log import LogWriter
+from agiledart.runtime.mqtt.log import LogWriter, segments
 
 
 async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -178,3 +178,35 @@ async def test_a_repeated_idempotency_key_is_answered_again_and_not_logged_twice
         await asyncio.wait_for(task, 10)
     assert [r["i"] for r in got] == [0, 1, 2, 3, 4, 5]
     assert source.stats.repeated == 2
+
+
+def test_the_log_keeps_what_follows_the_committed_position_and_reads_on_from_it(
+    tmp_path: Path,
+) -> None:
+    def opened(start: int) -> RequestLog:
+        return RequestLog(
+            tmp_path, start=start, limit=1000, max_bytes=1 << 20, keys=10, segment_bytes=100
+        )
+
+    async def fill(log: RequestLog, first: int, end: int) -> None:
+        for i in range(first, end, 2):  # one request of 2 records, about 40 bytes, a commit
+            assert log.offer([{"i": i}, {"i": i + 1}]) is Offer.TAKEN
+            assert await log.commit()
+
+    log = opened(0)
+    asyncio.run(fill(log, 0, 40))
+    assert [r["i"] for r in log.read(20)] == list(range(20))
+    committed_frame = log.position  # an epoch's position, after record 20
+    assert [r["i"] for r in log.read(20)] == list(range(20, 40))
+    log.read_to(committed_frame)  # the epoch committed: what it covers may go
+    firsts = segments(tmp_path)
+    assert firsts[0] > 0  # segments wholly before it went
+    assert firsts[0] <= committed_frame  # the one holding it stayed
+    log.close(remove=False)
+    log = opened(20)  # the source's peer restarted; its app restores from the epoch
+    assert log.logged == 40
+    got = []
+    while batch := log.read(100):
+        got += [r["i"] for r in batch]
+    assert got == list(range(20, 40))
+    log.close(remove=False)

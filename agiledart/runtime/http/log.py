@@ -38,7 +38,7 @@ from enum import Enum
 from pathlib import Path
 
 from agiledart.operators import Record
-from agiledart.runtime.mqtt.log import LogReader, LogWriter, segments
+from agiledart.runtime.mqtt.log import SEGMENT_BYTES, LogReader, LogWriter, segments
 
 __all__ = ["Offer", "RequestLog", "http_log_dir"]
 
@@ -80,12 +80,19 @@ class RequestLog:
     """The log of one webhook source, read on from record ``start`` (see the module)."""
 
     def __init__(
-        self, directory: Path, *, start: int, limit: int, max_bytes: int, keys: int
+        self,
+        directory: Path,
+        *,
+        start: int,
+        limit: int,
+        max_bytes: int,
+        keys: int,
+        segment_bytes: int = SEGMENT_BYTES,
     ) -> None:
         self.directory = directory
         self.limit = limit  #: records logged and not yet read, at most
         self.max_keys = keys
-        self._writer = w = LogWriter(directory, max_bytes=max_bytes)
+        self._writer = w = LogWriter(directory, max_bytes=max_bytes, segment_bytes=segment_bytes)
         self._keys: OrderedDict[str, None] = OrderedDict()
         #: records before the next frame to read, and before the next one appended
         self.records_read = self.records_logged = start
