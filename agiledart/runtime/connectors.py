@@ -148,13 +148,15 @@ def open_source(
     policy: DataPolicy | None = None,
     app_id: str | None = None,
     checkpointed: bool = False,
+    state_dir: str | os.PathLike[str] | None = None,
 ) -> SourceConnector:
     """The source ``spec`` describes; an mqtt source subscribes through ``brokers``
     and keeps its log under their ``log_root`` or ``base_dir/mqtt/`` (a checkpointed
     app's: the same log for every generation of app ``app_id``, read on from position
-    ``skip``); an http source listens on its port. A replayable one (generator, file)
-    starts after its first ``skip`` records. With ``policy`` (a peer's), a spec
-    reaching past it is refused."""
+    ``skip``); an http source listens on its port and logs under ``state_dir/http/``
+    (a checkpointed app's: the same log for every generation, read on from ``skip``).
+    A replayable one (generator, file) starts after its first ``skip`` records. With
+    ``policy`` (a peer's), a spec reaching past it is refused."""
     if spec.connector == "mqtt" and brokers is not None:
         from agiledart.runtime.mqtt import MqttSource, source_log_dir  # mqtt imports us
 
@@ -164,13 +166,16 @@ def open_source(
         log_dir = source_log_dir(root, app_id if durable else None, spec.id)
         return MqttSource(spec, brokers=brokers, log_dir=log_dir, durable=durable, start=skip)
     if spec.connector == "http":
-        from agiledart.runtime.http import HttpSource  # http imports this module
+        from agiledart.runtime.http import HttpSource, http_log_dir  # http imports us
 
         if policy is not None:
             policy.check_env(
                 f"source {spec.id!r}", str(spec.params["token_env"]), param="token_env"
             )
-        return HttpSource(spec)
+        durable = checkpointed and app_id is not None
+        root = Path(state_dir if state_dir is not None else base_dir) / "http"
+        log_dir = http_log_dir(root, app_id if durable else None, spec.id)
+        return HttpSource(spec, log_dir=log_dir, durable=durable, start=skip)
     return Source(spec, base_dir=base_dir, overload=overload, skip=skip, policy=policy)
 
 

@@ -68,6 +68,7 @@ from agiledart.runtime.epochs import Alignment
 from agiledart.runtime.errors import PeerLost
 from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.execution.engines import Engine, InlineEngine
+from agiledart.runtime.http import HttpSource
 from agiledart.runtime.links import Links
 from agiledart.runtime.mqtt import BrokerPool, MqttSource
 from agiledart.runtime.recovery import Holder, Uplink
@@ -183,6 +184,7 @@ class AppInstance:
                 policy=data,
                 app_id=self.app_id,
                 checkpointed=spec.checkpointed,
+                state_dir=state_dir,
             )
             for s in spec.sources
             if s.id in topo.sources
@@ -434,7 +436,7 @@ class AppInstance:
         mqtt sources' logs may let go of what it covers."""
         self.local_sinks.checkpoint_committed(epoch)
         for source in self.sources.values():
-            if isinstance(source, MqttSource):  # its log keeps what came after
+            if isinstance(source, MqttSource | HttpSource):  # its log keeps what came after
                 source.committed(epoch)
 
     def sink_info(self, sink_id: str) -> dict[str, Any]:

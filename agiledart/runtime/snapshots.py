@@ -15,6 +15,7 @@ import msgpack
 
 from agiledart.app.errors import ExecutionError
 from agiledart.runtime.connectors import SourceConnector
+from agiledart.runtime.http import HttpSource
 from agiledart.runtime.links import Links
 from agiledart.runtime.mqtt import MqttSource
 from agiledart.runtime.recovery import CheckpointError, Holder, Uplink, fit_code, load, save
@@ -76,7 +77,7 @@ class InstanceCheckpoints:
                     await self.router.deliver_barrier(sid, epoch)
                 offset = (
                     source.checkpoint(epoch)
-                    if isinstance(source, MqttSource)
+                    if isinstance(source, MqttSource | HttpSource)
                     else source.stats.emitted
                 )
             report = {"kind": "source", "id": sid, "offset": offset, "finished": finished}

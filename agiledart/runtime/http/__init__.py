@@ -18,8 +18,11 @@ failure sends nothing again. Without checkpoints batches go out within ``flush_m
 (at-least-once: such an app restarts from its beginning after a failure; their keys
 are unique to the sink's opening, so a receiver never drops a new batch).
 
-The source, a webhook receiver on its peer, is described in :mod:`.source`: its
-buffer is in memory, so it is at-most-once across a failure.
+The source, a webhook receiver on its peer, is described in :mod:`.source`: a
+request is answered 2xx once its records are in the source's log on the peer's disk
+(:mod:`.log`), and a checkpoint records the log position, so a checkpointed app's
+source is exactly-once through failures while its peer lives or restarts on its
+state directory.
 
 ::
 
@@ -32,6 +35,7 @@ buffer is in memory, so it is at-most-once across a failure.
         └── EndpointRefused         another 4xx (the app fails)
 """
 
+from agiledart.runtime.http.log import http_log_dir
 from agiledart.runtime.http.sink import (
     DEFAULT_BATCH_RECORDS,
     EndpointDown,
@@ -48,5 +52,6 @@ __all__ = [
     "HttpSink",
     "HttpSource",
     "HttpSourceStatistics",
+    "http_log_dir",
     "idempotency_key",
 ]
