@@ -183,6 +183,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "app's checkpoint interval stretches to about apps / N seconds",
     )
     p.add_argument(
+        "--pinned-grace-s",
+        type=_non_negative_float,
+        metavar="S",
+        help="seconds the peer of a source or sink that died is waited for before the "
+        "apps this peer schedules fail (it keeps its part if it restarts meanwhile; "
+        "default 20)",
+    )
+    p.add_argument(
         "--workers",
         type=_non_negative,
         default=os.cpu_count() or 1,
@@ -432,6 +440,7 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
 def _cmd_peer(args: argparse.Namespace) -> int:
     from agiledart.overlay.address import parse_address
     from agiledart.peer import Peer, PeerConfig
+    from agiledart.runtime.failover import PINNED_GRACE_S
 
     config = PeerConfig(
         listen=parse_address(args.listen, listening=True),
@@ -454,6 +463,7 @@ def _cmd_peer(args: argparse.Namespace) -> int:
         links=args.links,
         control_rtt_ms=args.control_rtt_ms,
         checkpoint_rate=args.checkpoint_rate,
+        pinned_grace_s=PINNED_GRACE_S if args.pinned_grace_s is None else args.pinned_grace_s,
         scheduling=args.scheduling,
         master=args.master,
         data_root=args.data_root,
