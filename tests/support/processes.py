@@ -77,11 +77,14 @@ def poll(condition: Callable[[], Any], *, what: str, timeout: float = 60.0) -> A
 
 @contextlib.contextmanager
 def clusters(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
-    """Make clusters that are all torn down, every process reaped, at the end."""
+    """Make clusters (of ``kind``, a :class:`LocalCluster` by default) that are all torn
+    down, every process reaped, at the end."""
     made: list[LocalCluster] = []
 
-    def make(n: int, extra_args: Sequence[str] = ()) -> LocalCluster:
-        cluster = LocalCluster(
+    def make(
+        n: int, extra_args: Sequence[str] = (), *, kind: type[LocalCluster] = LocalCluster
+    ) -> LocalCluster:
+        cluster = kind(
             n, port=free_port(), workdir=tmp_path / f"c{len(made)}", extra_args=list(extra_args)
         )
         cluster.workdir.mkdir(parents=True)  # type: ignore[union-attr]
