@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from support.apps import check_outputs, log_sizes
-from support.processes import cli_json, formed_cluster, poll
+from support.processes import ask, cli_json, formed_cluster, poll
 
 from agiledart.app import parse_spec
 from agiledart.apps.probes import counting
@@ -52,7 +52,7 @@ def submit(cluster: LocalCluster, spec: dict[str, Any], through: int) -> str:
 
 
 def status(cluster: LocalCluster, app_id: str, through: int) -> dict[str, Any]:
-    return dict(cli_json(cluster, "status", app_id, "--via", via(cluster, through)))
+    return dict(ask(cluster, through, "status", {"app_id": app_id}))
 
 
 def finished(cluster: LocalCluster, app_id: str, through: int) -> dict[str, Any]:
