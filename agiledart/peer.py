@@ -35,6 +35,7 @@ from agiledart.runtime.confine import DataPolicy
 from agiledart.runtime.epochs import CHECKPOINT_RATE
 from agiledart.runtime.execution import EngineConfig
 from agiledart.runtime.failover import PINNED_GRACE_S
+from agiledart.runtime.hosting import REPORT_TIMEOUT_S
 from agiledart.runtime.links import Links
 from agiledart.runtime.service import AppRuntime
 from agiledart.runtime.zones import ZoneAgent
@@ -82,6 +83,8 @@ class PeerConfig:
     checkpoint_rate: float = CHECKPOINT_RATE
     #: how long the peer of a source or sink that died is waited for before its apps fail
     pinned_grace_s: float = PINNED_GRACE_S
+    #: how long a sink's end or a failure waits for the scheduler before it is sent again
+    report_timeout_s: float = REPORT_TIMEOUT_S
     overlay: OverlayConfig = field(default_factory=OverlayConfig)
     #: what app specs may reach on this peer (agiledart.runtime.confine): file sources
     #: and sinks under the data root (None: the state dir) or an allowed folder, and the
@@ -133,6 +136,7 @@ class Peer:
             ),
         )
         self.runtime.scheduler.pinned_grace_s = config.pinned_grace_s
+        self.runtime.hosting.report_timeout_s = config.report_timeout_s
         self.zoning: ZoneAgent | None = None
         self.central: CentralMaster | None = None
         self._setup_scheduling()

@@ -38,7 +38,8 @@ ASK = 3  # gateway-2 answers status
 
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[LocalCluster]:
-    with formed_cluster(tmp_path, PEERS, ["--workers", "0"]) as cluster:
+    # a report to a frozen scheduler is sent again after 3 s, not 30 (then to the adopter)
+    with formed_cluster(tmp_path, PEERS, ["--workers", "0", "--report-timeout-s", "3"]) as cluster:
         yield cluster
 
 

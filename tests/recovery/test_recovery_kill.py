@@ -117,7 +117,7 @@ def test_a_dead_source_peer_fails_the_app_with_a_clear_error(tmp_path: Path) -> 
         assert "not back within 2 s" in s["error"]  # the peer option took
 
 
-def test_the_grace_for_a_source_or_sinks_peer_is_a_peer_option(tmp_path: Path) -> None:
+def test_the_source_peer_grace_and_the_report_timeout_are_peer_options(tmp_path: Path) -> None:
     parse = build_parser().parse_args
     args = parse(["peer", "--listen", "127.0.0.1:0", "--pinned-grace-s", "2.5"])
     assert args.pinned_grace_s == 2.5
@@ -128,6 +128,14 @@ def test_the_grace_for_a_source_or_sinks_peer_is_a_peer_option(tmp_path: Path) -
     assert Peer(config, key).runtime.scheduler.pinned_grace_s == 2.5
     default = PeerConfig(listen=("127.0.0.1", 0), state_dir=tmp_path / "d")
     assert Peer(default, key).runtime.scheduler.pinned_grace_s == PINNED_GRACE_S == 20
+    # and how long a sink's end or a failure waits for the scheduler's answer
+    args = parse(["peer", "--listen", "127.0.0.1:0", "--report-timeout-s", "3"])
+    assert args.report_timeout_s == 3.0
+    with pytest.raises(SystemExit):
+        parse(["peer", "--listen", "127.0.0.1:0", "--report-timeout-s", "0"])
+    config = PeerConfig(listen=("127.0.0.1", 0), state_dir=tmp_path / "r", report_timeout_s=3)
+    assert Peer(config, key).runtime.hosting.report_timeout_s == 3
+    assert Peer(default, key).runtime.hosting.report_timeout_s == 30
 
 
 def test_the_scheduler_dies_with_the_stateful_operator_and_a_neighbour_adopts_the_app(
