@@ -95,13 +95,16 @@ class LocalCluster:
             "--cluster-key-file",
             str(self.workdir / "cluster.key"),
             *self.extra_args,
+            *self.bootstrap(i),
         ]
-        if i > 0:
-            cmd += ["--bootstrap", "{}:{}".format(*self.address(0))]
         with (self.workdir / f"{self.name(i)}.log").open("ab") as log:
             return subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
+
+    def bootstrap(self, i: int) -> list[str]:
+        """Peer ``i``'s ``--bootstrap`` arguments: peer 0's address (none for peer 0)."""
+        return ["--bootstrap", "{}:{}".format(*self.address(0))] if i > 0 else []
 
     def __exit__(self, *exc: object) -> None:
         for proc in self.procs:

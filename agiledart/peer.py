@@ -34,6 +34,8 @@ from agiledart.runtime.central import CentralMaster
 from agiledart.runtime.confine import DataPolicy
 from agiledart.runtime.epochs import CHECKPOINT_RATE
 from agiledart.runtime.execution import EngineConfig
+from agiledart.runtime.failover import PINNED_GRACE_S
+from agiledart.runtime.hosting import REPORT_TIMEOUT_S
 from agiledart.runtime.links import Links
 from agiledart.runtime.service import AppRuntime
 from agiledart.runtime.zones import ZoneAgent
@@ -79,6 +81,10 @@ class PeerConfig:
     control_rtt_ms: float = 0.0
     #: checkpoint epochs this peer's scheduler starts per second, at most
     checkpoint_rate: float = CHECKPOINT_RATE
+    #: how long the peer of a source or sink that died is waited for before its apps fail
+    pinned_grace_s: float = PINNED_GRACE_S
+    #: how long a sink's end or a failure waits for the scheduler before it is sent again
+    report_timeout_s: float = REPORT_TIMEOUT_S
     overlay: OverlayConfig = field(default_factory=OverlayConfig)
     #: what app specs may reach on this peer (agiledart.runtime.confine): file sources
     #: and sinks under the data root (None: the state dir) or an allowed folder, and the
@@ -129,6 +135,8 @@ class Peer:
                 allow_env=config.allow_env,
             ),
         )
+        self.runtime.scheduler.pinned_grace_s = config.pinned_grace_s
+        self.runtime.hosting.report_timeout_s = config.report_timeout_s
         self.zoning: ZoneAgent | None = None
         self.central: CentralMaster | None = None
         self._setup_scheduling()

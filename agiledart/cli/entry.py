@@ -89,6 +89,14 @@ def _checkpoint_rate(text: str) -> float:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    value = _non_negative_float(text)
+    if not 0 < value < float("inf"):
+        msg = f"expected a number of seconds > 0, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
 def _positive(text: str) -> int:
     value = _non_negative(text)
     if value == 0:
@@ -181,6 +189,22 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         help="checkpoint epochs this peer starts per second, at most, over all the apps "
         f"it schedules (default {CHECKPOINT_RATE:g}); past N x interval such apps, each "
         "app's checkpoint interval stretches to about apps / N seconds",
+    )
+    p.add_argument(
+        "--pinned-grace-s",
+        type=_non_negative_float,
+        metavar="S",
+        help="seconds the peer of a source or sink that died is waited for before the "
+        "apps this peer schedules fail (it keeps its part if it restarts meanwhile; "
+        "default 20)",
+    )
+    p.add_argument(
+        "--report-timeout-s",
+        type=_positive_seconds,
+        metavar="S",
+        help="seconds an app instance here waits for its scheduler to take a sink's end "
+        "or a failure before it sends it again, to the scheduler the app's record names "
+        "by then (default 30)",
     )
     p.add_argument(
         "--workers",
@@ -432,6 +456,8 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
 def _cmd_peer(args: argparse.Namespace) -> int:
     from agiledart.overlay.address import parse_address
     from agiledart.peer import Peer, PeerConfig
+    from agiledart.runtime.failover import PINNED_GRACE_S
+    from agiledart.runtime.hosting import REPORT_TIMEOUT_S
 
     config = PeerConfig(
         listen=parse_address(args.listen, listening=True),
@@ -454,6 +480,8 @@ def _cmd_peer(args: argparse.Namespace) -> int:
         links=args.links,
         control_rtt_ms=args.control_rtt_ms,
         checkpoint_rate=args.checkpoint_rate,
+        pinned_grace_s=PINNED_GRACE_S if args.pinned_grace_s is None else args.pinned_grace_s,
+        report_timeout_s=args.report_timeout_s or REPORT_TIMEOUT_S,
         scheduling=args.scheduling,
         master=args.master,
         data_root=args.data_root,

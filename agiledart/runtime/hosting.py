@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Hosting", "app_id_of", "generation_of"]
 
 REPORT_FOR_S = 180.0  #: seconds a sink's end or a failure is reported for until taken
+REPORT_TIMEOUT_S = 30.0  #: a report's wait for the scheduler's answer before it is sent again
 
 
 class Hosting:
@@ -39,6 +40,7 @@ class Hosting:
 
     def __init__(self, rt: AppRuntime) -> None:
         self.rt = rt
+        self.report_timeout_s = REPORT_TIMEOUT_S  #: the peer's --report-timeout-s
 
     async def deploy(self, req: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:
         d = Deployment.from_wire(req, parse_spec)
@@ -131,7 +133,8 @@ class Hosting:
         while True:
             to = self.scheduler_of(d)
             try:
-                if await self.rt.links.request(to, type, body, timeout=30.0) is not False:
+                timeout = self.report_timeout_s
+                if await self.rt.links.request(to, type, body, timeout=timeout) is not False:
                     return
                 problem = "it does not schedule the app (yet)"
             except AgiledartError as exc:

@@ -12,6 +12,6 @@ from agiledart.emulation import LocalCluster
 
 
 @pytest.fixture
-def cluster_factory(tmp_path: Path) -> Iterator[Callable[[int], LocalCluster]]:
+def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
     with clusters(tmp_path) as make:
         yield make

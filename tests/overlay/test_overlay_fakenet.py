@@ -4,6 +4,7 @@ protocol code (authenticated datagrams, lookups, leaf sets, heartbeats)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from agiledart.overlay.config import OverlayConfig
 from agiledart.overlay.fakenet import run_virtual
@@ -29,6 +30,27 @@ def check_paths(ring: SimulatedRing, outcomes: list[RouteOutcome]) -> None:
             assert (hop.host, hop.port) == node.address
             assert hop.name == node.name
         assert all(h.rtt_ms is not None and h.rtt_ms > 0 for h in path[1:])
+
+
+async def settle_until(
+    ring: SimulatedRing, done: Callable[[], bool], *, within: float, step: float = 0.5
+) -> None:
+    """Let virtual time pass in steps until ``done()``, ``within`` seconds at most (the
+    asserts that follow say what is missing when it never is)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not done() and asyncio.get_running_loop().time() < deadline:
+        await ring.settle(step)
+
+
+def exact_leaf_sets(ring: SimulatedRing) -> bool:
+    """Every live peer's leaf set holds exactly the live peers closest to it."""
+    live = [n.node_id for n in ring.live()]
+    for node in ring.live():
+        size = node.config.leaf_set_size
+        closest = sorted((i for i in live if i != node.node_id), key=lambda i: i ^ node.node_id)
+        if node.leaf_set.ids() != set(closest[:size]):
+            return False
+    return True
 
 
 def test_routes_to_random_keys_and_peer_ids_arrive_with_their_path() -> None:
@@ -58,8 +80,12 @@ def test_routes_arrive_after_ten_percent_of_peers_die() -> None:
                 node.subscribe(events.append)
             victims = ring.rng.sample(ring.nodes, N // 10)
             ring.kill(victims)
-            await ring.settle(6 * config.heartbeat_interval_s)
             dead_ids = {v.node_id for v in victims}
+
+            def noticed() -> bool:
+                return not any(node.leaf_set.ids() & dead_ids for node in ring.live())
+
+            await settle_until(ring, noticed, within=6 * config.heartbeat_interval_s)
             # the leaf sets noticed: no live peer keeps a dead one as a neighbour
             for node in ring.live():
                 assert not (node.leaf_set.ids() & dead_ids)
@@ -99,13 +125,17 @@ def test_a_partition_heals() -> None:
             side_a = [n.address for n in ring.nodes[:half]]
             side_b = [n.address for n in ring.nodes[half:]]
             ring.net.partition([side_a, side_b])
-            await ring.settle(8)
-            # each side has given up on the other
             a_ids = {n.node_id for n in ring.nodes[:half]}
-            crossing = sum(1 for n in ring.nodes[half:] for m in n.leaf_set.ids() if m in a_ids)
-            assert crossing == 0
+
+            def crossing() -> int:
+                return sum(1 for n in ring.nodes[half:] for m in n.leaf_set.ids() if m in a_ids)
+
+            await settle_until(ring, lambda: crossing() == 0, within=8)
+            assert crossing() == 0  # each side has given up on the other
             ring.net.heal()
-            await ring.settle(30)
+            # the graveyard probes find the other side again (within a few seconds)
+            await settle_until(ring, lambda: exact_leaf_sets(ring), within=30, step=1.0)
+            assert exact_leaf_sets(ring)
             await ring.stabilize()
             outcomes = await ring.route_many(300)
             check_paths(ring, outcomes)

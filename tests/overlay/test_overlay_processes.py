@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from support.processes import cli, cli_json, free_port, poll, try_cli_json
+from support.processes import cli, cli_json, poll, try_cli_json
 
 from agiledart.emulation import LocalCluster
-from agiledart.overlay.keys import make_key_text
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
@@ -26,6 +25,8 @@ def via(cluster: LocalCluster, i: int) -> list[str]:
 
 
 def test_ring_routes_and_a_killed_peer(cluster_factory: Callable[[int], LocalCluster]) -> None:
+    """Through the CLI from one peer, and the same requests (what ``--json`` prints)
+    from every other peer at once."""
     cluster = cluster_factory(N)
     names = {cluster.name(i) for i in range(N)}
 
@@ -41,9 +42,14 @@ def test_ring_routes_and_a_killed_peer(cluster_factory: Callable[[int], LocalClu
     assert len(info["leaf_set"]) == 8
     asyncio.run(cluster.wait_formed())
 
+    def from_each(rpc: str, body: dict[str, Any], peers: list[int]) -> list[Any]:
+        """``rpc`` asked of each of ``peers``, the first through the CLI."""
+        rest = asyncio.run(_gather(cluster.request(i, rpc, body) for i in peers[1:]))
+        args = [rpc, *([body["to"]] if "to" in body else []), *via(cluster, peers[0])]
+        return [cli_json(cluster, *args), *rest]
+
     sink = cluster.name(N - 1)
-    for i in range(N):
-        route = cli_json(cluster, "route", sink, *via(cluster, i))
+    for i, route in enumerate(from_each("route", {"to": sink}, list(range(N)))):
         path = [h["name"] for h in route["path"]]
         assert path[0] == cluster.name(i)
         assert path[-1] == sink, f"JOIN from {cluster.name(i)} ended at {path[-1]}"
@@ -54,31 +60,28 @@ def test_ring_routes_and_a_killed_peer(cluster_factory: Callable[[int], LocalClu
     # kill -9 one peer in the middle; its leaf-set neighbours must drop it
     victim = 5
     victim_name = cluster.name(victim)
-    neighbours = [
-        i
-        for i in range(N)
-        if i != victim and victim_name in (cli_json(cluster, "ring", *via(cluster, i))["leaf_set"])
-    ]
+    others = [i for i in range(N) if i != victim]
+    rings = from_each("ring", {}, others)
+    neighbours = [i for i, r in zip(others, rings, strict=True) if victim_name in r["leaf_set"]]
     assert neighbours
     cluster.kill(victim)
 
     def dropped_everywhere() -> bool:
-        return all(
-            victim_name not in cli_json(cluster, "ring", *via(cluster, i))["leaf_set"]
-            for i in neighbours
-        )
+        rings = asyncio.run(_gather(cluster.request(i, "ring", {}) for i in neighbours))
+        return all(victim_name not in r["leaf_set"] for r in rings)
 
     poll(dropped_everywhere, what=f"leaf-set neighbours to drop {victim_name}")
-    for i in range(N):
-        if i == victim:
-            continue
-        route = cli_json(cluster, "route", sink, *via(cluster, i))
+    for route in from_each("route", {"to": sink}, others[::-1]):
         path = [h["name"] for h in route["path"]]
         assert victim_name not in path
         assert path[-1] == sink
     # the dead peer's own id now lands on a live peer
     route = cli_json(cluster, "route", ids[victim_name], *via(cluster, 0))
     assert route["path"][-1]["name"] != victim_name
+
+
+async def _gather(calls: Iterable[Awaitable[Any]]) -> list[Any]:
+    return list(await asyncio.gather(*calls))
 
 
 def test_cli_errors_are_clear(cluster_factory: Callable[[int], LocalCluster]) -> None:
@@ -124,68 +127,31 @@ def test_a_peer_without_a_key_refuses_to_start_and_says_how_to_make_one(
     assert "--insecure" in proc.stderr
 
 
-def test_bootstrap_by_host_name_and_a_stable_id_across_restarts(tmp_path: Path) -> None:
-    port = free_port()
-    key = tmp_path / "cluster.key"
-    key.write_text(make_key_text() + "\n")
+class ByHostName(LocalCluster):
+    """Peer ``a`` on 127.0.0.1, peer ``b`` on 127.0.0.3 joining through ``localhost``."""
 
-    def peer(name: str, host: str, *extra: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "agiledart.cli",
-                "--log-level",
-                "warning",
-                "peer",
-                "--listen",
-                f"{host}:{port}",
-                "--name",
-                name,
-                "--state-dir",
-                str(tmp_path / name),
-                "--cluster-key-file",
-                str(key),
-                *extra,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+    def address(self, i: int) -> tuple[str, int]:
+        return ("127.0.0.1" if i == 0 else "127.0.0.3", self.port)
 
-    def ring_of_b() -> dict[str, object] | None:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "agiledart.cli",
-                "ring",
-                "--json",
-                "--via",
-                f"127.0.0.3:{port}",
-                "--cluster-key-file",
-                str(key),
-                "--timeout",
-                "2",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if proc.returncode != 0:
-            return None
-        info: dict[str, object] = json.loads(proc.stdout)
-        return info if "a" in {p["name"] for p in info["peers"]} else None  # type: ignore[attr-defined]
+    def name(self, i: int) -> str:
+        return "ab"[i]
 
-    a = peer("a", "127.0.0.1")
-    b = peer("b", "127.0.0.3", "--bootstrap", f"localhost:{port}")  # a host *name*
-    try:
-        first = poll(ring_of_b, what="b to join through localhost")["node_id"]
-        b.terminate()
-        b.wait(timeout=30)
-        b = peer("b", "127.0.0.3", "--bootstrap", f"localhost:{port}")
-        again = poll(ring_of_b, what="b to rejoin after a restart")
-        assert again["node_id"] == first
-    finally:
-        for proc in (a, b):
-            proc.kill()
-            proc.wait()
+    def bootstrap(self, i: int) -> list[str]:
+        return ["--bootstrap", f"localhost:{self.port}"] if i > 0 else []  # a host *name*
+
+
+def test_bootstrap_by_host_name_and_a_stable_id_across_restarts(
+    cluster_factory: Callable[..., LocalCluster],
+) -> None:
+    cluster = cluster_factory(2, kind=ByHostName)
+
+    def ring_of_b() -> dict[str, Any] | None:
+        info = try_cli_json(cluster, "ring", *via(cluster, 1), "--timeout", "2")
+        return info if info is not None and "a" in {p["name"] for p in info["peers"]} else None
+
+    first = poll(ring_of_b, what="b to join through localhost")["node_id"]
+    cluster.procs[1].terminate()
+    cluster.procs[1].wait(timeout=30)
+    cluster.procs[1] = cluster.start(1)
+    again = poll(ring_of_b, what="b to rejoin after a restart")
+    assert again["node_id"] == first

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 from support.apps import check_outputs, log_sizes, quick
-from support.processes import cli_json, formed_cluster, poll
+from support.processes import ask, cli_json, formed_cluster, poll
 
 from agiledart import apps
 from agiledart.app import parse_spec
@@ -62,7 +62,7 @@ def test_a_bundled_app_survives_a_dead_peer(
     assert s["placement"][pinned] == ["edge-1"]
 
     def flowing() -> bool:
-        st = cli_json(site, "status", app_id, "--via", via(site))
+        st = ask(site, VIA, "status", {"app_id": app_id})
         enough = st["totals"]["sink_records"] > 0
         if "checkpoint.mode=erasure" in extra:
             enough = enough and st["checkpoint"] is not None
@@ -72,7 +72,7 @@ def test_a_bundled_app_survives_a_dead_peer(
     site.kill(EDGE_1)
 
     def ended() -> dict[str, object] | None:
-        st = cli_json(site, "status", app_id, "--via", via(site))
+        st = ask(site, VIA, "status", {"app_id": app_id})
         return st if st["state"] in ("finished", "failed", "stopped") else None
 
     s = poll(ended, what=f"{app} to end", timeout=240)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from support.apps import quick
-from support.processes import cli, cli_json, formed_cluster, poll
+from support.processes import ask, cli, cli_json, formed_cluster, poll
 
 from agiledart import apps
 from agiledart.app import parse_spec
@@ -48,7 +48,7 @@ def submit(cluster: LocalCluster, overrides: list[str]) -> str:
 
 def checkpointed(cluster: LocalCluster, app_id: str) -> dict[str, Any]:
     def committed() -> dict[str, Any] | None:
-        st = cli_json(cluster, "status", app_id, *via(cluster))
+        st = ask(cluster, VIA, "status", {"app_id": app_id})
         return st if st["checkpoint"] is not None and any(held(cluster, app_id)) else None
 
     status: dict[str, Any] = poll(committed, what=f"a checkpoint of {app_id}", timeout=120)
@@ -65,7 +65,7 @@ def test_an_ended_apps_fragments_are_dropped_by_every_holder(site: LocalCluster)
     cli(site, "stop", endless, *via(site))
 
     def finished() -> bool:
-        st = cli_json(site, "status", finite, *via(site))
+        st = ask(site, VIA, "status", {"app_id": finite})
         assert st["state"] in ("running", "finished"), st.get("error")
         return bool(st["state"] == "finished")
 

@@ -16,11 +16,16 @@ from typing import Any
 import pytest
 import yaml
 from support.apps import check_outputs, log_sizes
-from support.processes import cli_json, formed_cluster, poll
+from support.processes import ask, cli_json, formed_cluster, poll
 
 from agiledart.app import parse_spec
 from agiledart.apps.probes import counting
+from agiledart.cli.entry import build_parser
 from agiledart.emulation import LocalCluster
+from agiledart.overlay.auth import ClusterKey
+from agiledart.overlay.keys import key_file_text, make_key_text
+from agiledart.peer import Peer, PeerConfig
+from agiledart.runtime.failover import PINNED_GRACE_S
 
 pytestmark = [pytest.mark.processes]
 
@@ -47,7 +52,7 @@ def submit(cluster: LocalCluster, spec: dict[str, Any], through: int) -> str:
 
 
 def status(cluster: LocalCluster, app_id: str, through: int) -> dict[str, Any]:
-    return dict(cli_json(cluster, "status", app_id, "--via", via(cluster, through)))
+    return dict(ask(cluster, through, "status", {"app_id": app_id}))
 
 
 def finished(cluster: LocalCluster, app_id: str, through: int) -> dict[str, Any]:
@@ -95,18 +100,42 @@ def test_a_dead_peer_that_hosts_nothing_of_the_app_changes_nothing(
     assert s["recoveries"] == []
 
 
-def test_a_dead_source_peer_fails_the_app_with_a_clear_error(site: LocalCluster) -> None:
-    spec_raw = counting("edge-1", count=60_000)
-    app_id = submit(site, spec_raw, through=3)
-    poll(
-        lambda: status(site, app_id, through=3)["totals"]["sink_records"] > 1_000,
-        what="output to flow",
-    )
-    site.kill(SENSOR_1)
-    s = finished(site, app_id, through=3)
-    assert s["state"] == "failed"
-    assert "sensor-1" in s["error"]
-    assert "source or sink" in s["error"]
+def test_a_dead_source_peer_fails_the_app_with_a_clear_error(tmp_path: Path) -> None:
+    # the scheduler (gateway-2) waits 2 s, not 20, for the source's peer to come back
+    with formed_cluster(tmp_path, PEERS, ["--workers", "0", "--pinned-grace-s", "2"]) as site:
+        spec_raw = counting("edge-1", count=60_000)
+        app_id = submit(site, spec_raw, through=3)
+        poll(
+            lambda: status(site, app_id, through=3)["totals"]["sink_records"] > 1_000,
+            what="output to flow",
+        )
+        site.kill(SENSOR_1)
+        s = finished(site, app_id, through=3)
+        assert s["state"] == "failed"
+        assert "sensor-1" in s["error"]
+        assert "source or sink" in s["error"]
+        assert "not back within 2 s" in s["error"]  # the peer option took
+
+
+def test_the_source_peer_grace_and_the_report_timeout_are_peer_options(tmp_path: Path) -> None:
+    parse = build_parser().parse_args
+    args = parse(["peer", "--listen", "127.0.0.1:0", "--pinned-grace-s", "2.5"])
+    assert args.pinned_grace_s == 2.5
+    with pytest.raises(SystemExit):
+        parse(["peer", "--listen", "127.0.0.1:0", "--pinned-grace-s", "-1"])
+    key = ClusterKey.from_material(key_file_text([make_key_text()]))
+    config = PeerConfig(listen=("127.0.0.1", 0), state_dir=tmp_path, pinned_grace_s=2.5)
+    assert Peer(config, key).runtime.scheduler.pinned_grace_s == 2.5
+    default = PeerConfig(listen=("127.0.0.1", 0), state_dir=tmp_path / "d")
+    assert Peer(default, key).runtime.scheduler.pinned_grace_s == PINNED_GRACE_S == 20
+    # and how long a sink's end or a failure waits for the scheduler's answer
+    args = parse(["peer", "--listen", "127.0.0.1:0", "--report-timeout-s", "3"])
+    assert args.report_timeout_s == 3.0
+    with pytest.raises(SystemExit):
+        parse(["peer", "--listen", "127.0.0.1:0", "--report-timeout-s", "0"])
+    config = PeerConfig(listen=("127.0.0.1", 0), state_dir=tmp_path / "r", report_timeout_s=3)
+    assert Peer(config, key).runtime.hosting.report_timeout_s == 3
+    assert Peer(default, key).runtime.hosting.report_timeout_s == 30
 
 
 def test_the_scheduler_dies_with_the_stateful_operator_and_a_neighbour_adopts_the_app(

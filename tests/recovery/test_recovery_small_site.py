@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support.processes import cli, cli_json, formed_cluster, poll
+from support.processes import ask, cli, formed_cluster, poll
 
 from agiledart.apps.probes import counting
 from agiledart.emulation import LocalCluster
@@ -49,7 +49,7 @@ def submit(cluster: LocalCluster, spec: dict[str, Any]) -> tuple[str, str]:
 
 
 def status(cluster: LocalCluster, app_id: str) -> dict[str, Any]:
-    return dict(cli_json(cluster, "status", app_id, "--via", via(cluster)))
+    return dict(ask(cluster, 0, "status", {"app_id": app_id}))
 
 
 @pytest.mark.parametrize(

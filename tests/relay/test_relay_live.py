@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from support.apps import check_outputs, log_sizes, quick
-from support.processes import cli_json, formed_cluster, poll
+from support.processes import ask, cli_json, formed_cluster, poll
 
 from agiledart import apps
 from agiledart.app import parse_spec
@@ -28,6 +28,7 @@ from agiledart.runtime.linkmodel import LinkModel
 pytestmark = [pytest.mark.processes]
 
 PEERS = ("sensor-1", "sensor-2", "gateway-1", "gateway-2", "edge-1", "edge-2")
+GATEWAY_2, EDGE_1 = PEERS.index("gateway-2"), PEERS.index("edge-1")
 LOSSY = 0.7  # θ: 30% of the attempts on these links are lost
 #: no source peer is a neighbour of a sink peer: sensor -> edge -> gateway at least
 LINKS = [
@@ -81,7 +82,7 @@ def run_app(cluster: LocalCluster, name: str, overrides: list[str]) -> dict[str,
     app_id = cli_json(cluster, "submit", str(path), *sets, "--via", via(cluster))["app_id"]
 
     def done() -> dict[str, Any] | None:
-        status: dict[str, Any] = cli_json(cluster, "status", app_id, "--via", via(cluster))
+        status: dict[str, Any] = ask(cluster, EDGE_1, "status", {"app_id": app_id})
         return status if status["state"] in ("finished", "failed", "stopped") else None
 
     status = poll(done, what=f"{name} to finish over the lossy network", timeout=180)
@@ -198,18 +199,18 @@ def test_a_relay_that_dies_holding_packets_loses_none(tmp_path: Path) -> None:
         path.write_text(apps.text("throughput"))
         sets = [a for o in overrides for a in ("--set", o)]
         host, port = site.address(PEERS.index("gateway-2"))
-        ask = ["--via", f"{host}:{port}"]
-        app_id = cli_json(site, "submit", str(path), *sets, *ask)["app_id"]
+        through = ["--via", f"{host}:{port}"]
+        app_id = cli_json(site, "submit", str(path), *sets, *through)["app_id"]
 
         def flowing() -> bool:
-            s = cli_json(site, "status", app_id, *ask)
+            s = ask(site, GATEWAY_2, "status", {"app_id": app_id})
             return bool(s["totals"]["sink_records"] > 500)
 
         poll(flowing, what="records to flow over the relays")
         site.kill(PEERS.index("edge-1"))
 
         def done() -> dict[str, Any] | None:
-            status: dict[str, Any] = cli_json(site, "status", app_id, *ask)
+            status: dict[str, Any] = ask(site, GATEWAY_2, "status", {"app_id": app_id})
             return status if status["state"] in ("finished", "failed", "stopped") else None
 
         status = poll(done, what="the app to finish without edge-1", timeout=90)

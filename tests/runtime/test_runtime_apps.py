@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from support.apps import check_outputs, log_sizes, normalise, quick, read_jsonl
-from support.processes import cli, cli_json, formed_cluster, poll
+from support.processes import ask, cli, cli_json, formed_cluster, poll
 
 from agiledart import apps
 from agiledart.app import load_spec, parse_spec
@@ -210,13 +210,13 @@ def test_stop_tears_down_one_app_and_leaves_the_other(site: LocalCluster, tmp_pa
     def hosting(app_id: str) -> set[str]:
         out = set()
         for i in range(site.peers):
-            ring = cli_json(site, "ring", "--via", "{}:{}".format(*site.address(i)))
+            ring = ask(site, i, "ring")
             if app_id in ring["apps"]:
                 out.add(ring["self"])
         return out
 
     def flowing(app_id: str) -> int:
-        s = cli_json(site, "status", app_id, *via(site))
+        s = ask(site, VIA, "status", {"app_id": app_id})
         return int(s["state"] == "running" and s["totals"]["sink_records"])
 
     poll(lambda: flowing(first) and flowing(second), what="both apps deliver records")
@@ -280,7 +280,7 @@ def test_overload_is_shed_or_pushed_back_and_memory_stays_bounded(
     app_id = cli_json(site, "submit", str(spec), *via(site))["app_id"]
 
     def totals() -> dict[str, Any]:
-        t: dict[str, Any] = cli_json(site, "status", app_id, *via(site))["totals"]
+        t: dict[str, Any] = ask(site, VIA, "status", {"app_id": app_id})["totals"]
         return t
 
     # two sources at 10x what the pipeline sustains, for long enough to fill every queue

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from support.mqtt import Broker, Subscriber, mosquitto_binary
-from support.processes import cli, cli_json, formed_cluster, free_port, poll
+from support.processes import ask, cli, cli_json, formed_cluster, free_port, poll
 
 from agiledart.datasets import generate
 from agiledart.emulation import LocalCluster
@@ -73,7 +73,7 @@ def run(cluster: LocalCluster, on_error: str, *sets: str) -> dict[str, Any]:
     app_id = cli_json(cluster, "submit", str(path), *overrides, *via(cluster))["app_id"]
 
     def ended() -> dict[str, Any] | None:
-        s = cli_json(cluster, "status", app_id, *via(cluster))
+        s = ask(cluster, 0, "status", {"app_id": app_id})
         return s if s["state"] in ("finished", "failed", "stopped") else None
 
     return dict(poll(ended, what=f"{app_id} to end", timeout=120))

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 from support.apps import check_outputs, log_sizes, read_jsonl
-from support.processes import cli, cli_json, formed_cluster, poll
+from support.processes import ask, cli, cli_json, formed_cluster, poll
 
 from agiledart.app import parse_spec
 from agiledart.bandit import Graph, save_graph
@@ -53,7 +53,7 @@ def submit(cluster: LocalCluster, spec: dict[str, Any]) -> str:
 
 
 def status(cluster: LocalCluster, app_id: str) -> dict[str, Any]:
-    return dict(cli_json(cluster, "status", app_id, *via(cluster)))
+    return dict(ask(cluster, 0, "status", {"app_id": app_id}))
 
 
 def ended(cluster: LocalCluster, app_id: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agiledart.emulation import LocalCluster
+from agiledart.errors import AgiledartError
 
 
 def free_port() -> int:
@@ -62,6 +63,22 @@ def try_cli_json(cluster: LocalCluster, *args: str) -> Any:
     return json.loads(proc.stdout) if proc.returncode == 0 else None
 
 
+def ask(cluster: LocalCluster, i: int, rpc: str, body: dict[str, Any] | None = None) -> Any:
+    """What ``agiledart RPC ... --via PEER-i --json`` prints (the CLI prints the peer's
+    answer as it is), asked without a CLI process: for a test's polls, where a CLI call
+    each time costs a Python start-up (about half a second of a CPU) and delays the
+    next look. The commands under test still go through :func:`cli`."""
+    return asyncio.run(cluster.request(i, rpc, body or {}, timeout=10.0))
+
+
+def try_ask(cluster: LocalCluster, i: int, rpc: str, body: dict[str, Any] | None = None) -> Any:
+    """Like :func:`ask`, but None when the peer does not answer (or answers an error)."""
+    try:
+        return ask(cluster, i, rpc, body)
+    except AgiledartError:
+        return None
+
+
 def poll(condition: Callable[[], Any], *, what: str, timeout: float = 60.0) -> Any:
     """Wait for ``condition()`` to be truthy; fail naming ``what`` (never a timed assert:
     the bound only keeps a broken build from hanging)."""
@@ -77,11 +94,14 @@ def poll(condition: Callable[[], Any], *, what: str, timeout: float = 60.0) -> A
 
 @contextlib.contextmanager
 def clusters(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
-    """Make clusters that are all torn down, every process reaped, at the end."""
+    """Make clusters (of ``kind``, a :class:`LocalCluster` by default) that are all torn
+    down, every process reaped, at the end."""
     made: list[LocalCluster] = []
 
-    def make(n: int, extra_args: Sequence[str] = ()) -> LocalCluster:
-        cluster = LocalCluster(
+    def make(
+        n: int, extra_args: Sequence[str] = (), *, kind: type[LocalCluster] = LocalCluster
+    ) -> LocalCluster:
+        cluster = kind(
             n, port=free_port(), workdir=tmp_path / f"c{len(made)}", extra_args=list(extra_args)
         )
         cluster.workdir.mkdir(parents=True)  # type: ignore[union-attr]
