@@ -97,6 +97,7 @@ from agiledart.runtime.mqtt.pool import (
     BrokerPoolStatistics,
     Subscription,
     source_log_dir,
+    source_session,
 )
 from agiledart.runtime.mqtt.sink import MqttEpochSink, MqttSink
 from agiledart.runtime.mqtt.source import MqttSource, MqttSourceStatistics
@@ -122,4 +123,5 @@ __all__ = [
     "parse_broker",
     "plan",
     "source_log_dir",
+    "source_session",
 ]
