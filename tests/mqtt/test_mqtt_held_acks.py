@@ -9,6 +9,7 @@ import contextlib
 from pathlib import Path
 
 from support.mqtt import Broker
+from test_mqtt_burst import publish_burst
 from test_mqtt_pool import options, pools, publish, source_spec, until
 
 from agiledart.operators import Record
@@ -41,8 +42,9 @@ async def test_a_burst_arrives_whole_and_stays_at_the_broker_until_an_epoch_comm
                 source = MqttSource(spec, brokers=pool, log_dir=log_dir, durable=True)
                 run = asyncio.create_task(source.run(emit))
                 await until(lambda s=source: s.stats.subscribed, "subscribed")
-                if peer == "here":
-                    await publish(publisher, broker, *msgs(0, 5000))
+                if peer == "here":  # one mosquitto_pub -l: as fast as the broker takes them
+                    burst = [{"n": i, "ts": i} for i in range(5000)]
+                    await asyncio.to_thread(publish_burst, broker, "held/a", burst, 1)
                 if peer == "later":  # nothing is redelivered: only what comes now
                     await publish(publisher, broker, *msgs(5000, 5001))
                     await until(lambda: len(got) == 1, "the new one")
