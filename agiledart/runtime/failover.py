@@ -77,7 +77,8 @@ class Recovery:
                 # its part and runs this generation): nothing is left to recover
                 return
             started = time.monotonic()
-            pinned = dead in pinned_peers(self.s.spec_of(rec), rec)
+            ends = set(rec.sources.values()) | set(rec.sinks.values())
+            pinned = dead in ends and dead in pinned_peers(self.s.spec_of(rec), rec)
             if pinned and not restarted:
                 restarted = await self._comes_back(rec, dead)
                 if not restarted:
@@ -246,10 +247,13 @@ def movable(spec: AppSpec, source: SourceSpec) -> bool:
     return spec.checkpointed and source.connector == "mqtt" and qos == 1
 
 
-def pinned_peers(spec: AppSpec, rec: AppRecord) -> set[str]:
-    """The peers hosting a source or sink that cannot move: the app fails without them."""
-    fixed = {s.id for s in spec.sources if not movable(spec, s)}
-    return {p for sid, p in rec.sources.items() if sid in fixed} | set(rec.sinks.values())
+def pinned_peers(spec: AppSpec | None, rec: AppRecord) -> set[str]:
+    """The peers hosting a source or sink that cannot move: the app fails without them
+    (without its spec at hand, every source counts as one that cannot)."""
+    if spec is None:
+        return set(rec.sources.values()) | set(rec.sinks.values())
+    moves = {s.id for s in spec.sources if movable(spec, s)}
+    return {p for sid, p in rec.sources.items() if sid not in moves} | set(rec.sinks.values())
 
 
 def app_hosts(
