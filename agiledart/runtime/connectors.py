@@ -149,14 +149,16 @@ def open_source(
     app_id: str | None = None,
     checkpointed: bool = False,
     state_dir: str | os.PathLike[str] | None = None,
+    replay: list[Any] | None = None,
 ) -> SourceConnector:
     """The source ``spec`` describes; an mqtt source subscribes through ``brokers``
     and keeps its log under their ``log_root`` or ``base_dir/mqtt/`` (a checkpointed
     app's: the same log for every generation of app ``app_id``, read on from position
-    ``skip``); an http source listens on its port and logs under ``state_dir/http/``
-    (a checkpointed app's: the same log for every generation, read on from ``skip``).
-    A replayable one (generator, file) starts after its first ``skip`` records. With
-    ``policy`` (a peer's), a spec reaching past it is refused."""
+    ``skip``, dropping the broker's redeliveries ``replay`` names); an http source
+    listens on its port and logs under ``state_dir/http/`` (a checkpointed app's: the
+    same log for every generation, read on from ``skip``). A replayable one (generator,
+    file) starts after its first ``skip`` records. With ``policy`` (a peer's), a spec
+    reaching past it is refused."""
     if spec.connector == "mqtt" and brokers is not None:
         from agiledart.runtime.mqtt import MqttSource, source_log_dir  # mqtt imports us
 
@@ -164,7 +166,14 @@ def open_source(
         durable = checkpointed and app_id is not None
         root = brokers.log_root or Path(base_dir) / "mqtt"
         log_dir = source_log_dir(root, app_id if durable else None, spec.id)
-        return MqttSource(spec, brokers=brokers, log_dir=log_dir, durable=durable, start=skip)
+        return MqttSource(
+            spec,
+            brokers=brokers,
+            log_dir=log_dir,
+            durable=durable,
+            start=skip,
+            replay=replay,
+        )
     if spec.connector == "http":
         from agiledart.runtime.http import HttpSource, http_log_dir  # http imports us
 

@@ -211,6 +211,7 @@ class Epochs:
         return {
             "epoch": pending.epoch,
             "sources": {sid: int(r.get("offset", 0)) for sid, r in pending.sources.items()},
+            "replay": {sid: r["replay"] for sid, r in pending.sources.items() if r.get("replay")},
             "sinks": {sid: r.get("commit") for sid, r in pending.sinks.items()},
             "states": states,
             "bytes": sum(int(r["bytes"]) for r in states),
@@ -245,6 +246,7 @@ def restore_plan(cp: dict[str, Any], moved: Mapping[str, str]) -> dict[str, Any]
     return {
         "epoch": cp["epoch"],
         "sources": dict(cp["sources"]),
+        "replay": dict(cp.get("replay", {})),
         "sinks": {k: v for k, v in cp["sinks"].items() if v is not None},
         "states": [{**e, "peer": moved.get(e["peer"], e["peer"])} for e in cp["states"]],
     }

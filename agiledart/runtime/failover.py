@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agiledart.app.graph import topological_order
-from agiledart.app.spec import AppSpec
+from agiledart.app.spec import AppSpec, SourceSpec
 from agiledart.errors import AgiledartError
 from agiledart.runtime.appstate import AppRecord
 from agiledart.runtime.epochs import restore_plan
@@ -29,7 +29,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PINNED_GRACE_S", "Recovery", "app_hosts", "consumers_first", "replaced"]
+__all__ = [
+    "PINNED_GRACE_S",
+    "Recovery",
+    "app_hosts",
+    "consumers_first",
+    "movable",
+    "pinned_peers",
+    "replaced",
+]
 
 #: seconds a dead source's or sink's peer is waited for (see Recovery.recover)
 PINNED_GRACE_S = 20.0
@@ -69,7 +77,8 @@ class Recovery:
                 # its part and runs this generation): nothing is left to recover
                 return
             started = time.monotonic()
-            pinned = dead in rec.sources.values() or dead in rec.sinks.values()
+            ends = set(rec.sources.values()) | set(rec.sinks.values())
+            pinned = dead in ends and dead in pinned_peers(self.s.spec_of(rec), rec)
             if pinned and not restarted:
                 restarted = await self._comes_back(rec, dead)
                 if not restarted:
@@ -108,7 +117,7 @@ class Recovery:
         others = sorted(p for p in rec.hosts() if p not in (dead, self.s.name))
         answers = await asyncio.gather(*(self.s.hosts.answers(rec, p) for p in others))
         gone = {p for p, ok in zip(others, answers, strict=True) if not ok}
-        ends = set(rec.sources.values()) | set(rec.sinks.values())
+        ends = pinned_peers(spec, rec)  # a source that can move is not waited for
         for peer in sorted(gone & ends):
             # one missed probe of a loaded device is no death: a source's or sink's
             # peer gets the grace that a dead one gets before the app fails for it
@@ -145,10 +154,11 @@ class Recovery:
             op: list(dict.fromkeys(moved.get(p, p) for p in peers))
             for op, peers in rec.placement.items()
         }
+        rec.sources = {sid: moved.get(p, p) for sid, p in rec.sources.items()}  # movable ones
         for lost, by in moved.items():
             rec.paths = [replaced(path, lost, by) for path in rec.paths]
         self.s.next_generation(rec)
-        hosts = app_hosts(spec, rec.placement)
+        hosts = app_hosts(spec, rec.placement, rec.sources)
         plan = restore_plan(rec.checkpoint, moved) if rec.checkpoint else None
         order = consumers_first(spec, hosts)
         await self.s.install(rec, spec, hosts, addresses, order, restore=plan)
@@ -230,10 +240,32 @@ def consumers_first(spec: AppSpec, hosts: Mapping[str, Sequence[str]]) -> list[s
     return order
 
 
-def app_hosts(spec: AppSpec, placement: Mapping[str, Sequence[str]]) -> dict[str, tuple[str, ...]]:
-    """Node id -> its hosting peers: sources and sinks on their pinned peers, the
-    operators where ``placement`` puts them."""
-    hosts: dict[str, tuple[str, ...]] = {s.id: (s.peer,) for s in spec.sources}
+def movable(spec: AppSpec, source: SourceSpec) -> bool:
+    """Whether a source moves to another peer when its own dies: a QoS 1 mqtt source
+    of a checkpointed app (its broker session follows it: agiledart.runtime.mqtt.acks)."""
+    qos = source.params.get("qos", 0)
+    return spec.checkpointed and source.connector == "mqtt" and qos == 1
+
+
+def pinned_peers(spec: AppSpec | None, rec: AppRecord) -> set[str]:
+    """The peers hosting a source or sink that cannot move: the app fails without them
+    (without its spec at hand, every source counts as one that cannot)."""
+    if spec is None:
+        return set(rec.sources.values()) | set(rec.sinks.values())
+    moves = {s.id for s in spec.sources if movable(spec, s)}
+    return {p for sid, p in rec.sources.items() if sid not in moves} | set(rec.sinks.values())
+
+
+def app_hosts(
+    spec: AppSpec,
+    placement: Mapping[str, Sequence[str]],
+    sources: Mapping[str, str] | None = None,
+) -> dict[str, tuple[str, ...]]:
+    """Node id -> its hosting peers: sources on their peers (``sources``, where some
+    moved, else the spec's), sinks on their pinned peers, the operators where
+    ``placement`` puts them."""
+    where = sources or {}
+    hosts: dict[str, tuple[str, ...]] = {s.id: (where.get(s.id, s.peer),) for s in spec.sources}
     hosts |= {k.id: (k.peer,) for k in spec.sinks}
     hosts |= {op: tuple(peers) for op, peers in placement.items()}
     return hosts

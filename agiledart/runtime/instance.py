@@ -181,6 +181,7 @@ class AppInstance:
                 overload=s.params.get("overload", self.options.overload),
                 brokers=brokers,
                 skip=int(self.restore.get("sources", {}).get(s.id, 0)),
+                replay=self.restore.get("replay", {}).get(s.id),
                 policy=data,
                 app_id=self.app_id,
                 checkpointed=spec.checkpointed,

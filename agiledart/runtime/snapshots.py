@@ -81,6 +81,8 @@ class InstanceCheckpoints:
                     else source.stats.emitted
                 )
             report = {"kind": "source", "id": sid, "offset": offset, "finished": finished}
+            if isinstance(source, MqttSource) and (ids := source.replay_ids(offset)):
+                report["replay"] = ids  # the broker's redeliveries a moved source drops
             await self.report(epoch, report)
 
     async def aligned(self, seg: Segment, epoch: int) -> None:

@@ -198,14 +198,19 @@ def check_exact(spec_raw: dict[str, Any], s: dict[str, Any], count: int) -> None
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(("fault", "peer"), [("killed", EDGE_1), ("restarted", SENSOR_1)])
+@pytest.mark.parametrize(
+    ("fault", "peer"), [("killed", EDGE_1), ("restarted", SENSOR_1), ("moved", SENSOR_1)]
+)
 def test_a_peer_fails_mid_run_and_every_reading_counts_once(
     site: LocalCluster, mosquitto: Any, fault: str, peer: int
 ) -> None:
-    """(b) the count's peer dies, the source's survives; and the source's own peer
-    restarts on its state directory. Readings keep coming meanwhile. The broker keeps
-    what a client that is away may miss (``max_queued_messages 0``: Mosquitto's default
-    queue of 1000 would drop the rest of a restart's readings, and say so in its log)."""
+    """(b) the count's peer dies, the source's survives; the source's own peer
+    restarts on its state directory; and (a) the source's peer dies for good (``kill
+    -9``, never back): the source moves to another peer, which resumes the source's
+    broker session and drops the broker's redeliveries of what the checkpoint covers.
+    Readings keep coming meanwhile. The broker keeps what a client that is away may miss
+    (``max_queued_messages 0``: Mosquitto's default queue of 1000 would drop the rest of
+    a restart's readings, and say so in its log)."""
     broker = mosquitto(persistence=True)
     count = 5000
     spec_raw = counting(broker, f"mqtt-{fault}", count)
@@ -215,7 +220,7 @@ def test_a_peer_fails_mid_run_and_every_reading_counts_once(
     try:
         device.start(0, count, rate=500)  # 10 s: on through the failure and the restore
         committed(site, app_id, 800)
-        if fault == "killed":
+        if fault in ("killed", "moved"):  # moved: the source's own peer, for good
             site.kill(peer)
         else:
             site.restart(peer)

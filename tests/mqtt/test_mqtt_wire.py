@@ -85,7 +85,7 @@ def test_what_a_subscriber_sends() -> None:
     connect = encode_connect("c", keepalive_s=30, max_packet=1 << 20, username="u", password="p")
     assert connect[0] == 0x10
     assert b"\x21\xff\xff" in connect  # Receive Maximum: no cap of 20 from the broker
-    assert encode_subscribe(9, "a/#", 1, 4) == b"\x82\x0b\x00\x09\x02\x0b\x04\x00\x03a/#\x01"
+    assert encode_subscribe(9, "a/#", 1, 4) == b"\x82\x0b\x00\x09\x02\x0b\x04\x00\x03a/#\x11"
     assert encode_pubacks([1, 258]) == b"\x40\x02\x00\x01\x40\x02\x01\x02"
 
 

@@ -3,7 +3,8 @@
 :mod:`.core` holds the plain parts (options, back-off, payloads, the subscription
 table), :mod:`.wire` the MQTT 5 packets a subscriber exchanges (no I/O),
 :mod:`.ingest` the subscribing connection that drives them, :mod:`.worker` the
-ingest process it runs in, :mod:`.log` the sources' logs, :mod:`.subscriptions` the
+ingest process it runs in, :mod:`.log` the sources' logs, :mod:`.acks` the
+acknowledgements a checkpointed source holds until its epochs commit, :mod:`.subscriptions` the
 peer's side of the ingest processes, :mod:`.pool` the pool and its publishing
 connections (the only module that imports ``aiomqtt``), :mod:`.source` and
 :mod:`.sink` the connectors a peer runs for an app.
@@ -36,16 +37,27 @@ backpressure is the log's bound on disk, never the broker's queue: past ``buffer
 messages or ``buffer_mb`` a source sheds and counts it (``shed`` in ``status``, the
 ``shed`` outcome of the ``source_tuples`` metric, an ``ingest`` trace record).
 
-**Exactly-once through failures** (a checkpointed app's source, while its peer lives
-or restarts on its state directory). The log is named by app and source, the same for
-every generation of the app; a checkpoint records the source's log position, the log
-keeps everything from the last committed epoch's position on, and a restored source
-reads on from its checkpoint's position. Between generations the subscription stays
-(detached) and the ingest process goes on logging; a restarted peer takes its logs and
-their subscriptions up at once; and the ingest connection resumes a persistent broker
-session (a fixed client id per peer and broker, clean start off, a session expiry
-interval), so what the broker takes while the peer is away reaches the log when it is
-back. Each filter has the same subscription identifier in every session.
+**Exactly-once through failures** (a checkpointed app's QoS 1 source, wherever it
+runs). The log is named by app and source, the same for every generation of the app;
+a checkpoint records the source's log position, the log keeps everything from the last
+committed epoch's position on, and a restored source reads on from its checkpoint's
+position. Between generations the subscription stays (detached) and the ingest
+process goes on logging. Such a source has a broker session of its own, not the
+peer's: its own ingest process, a client id fixed by app, source and broker (the same
+on every peer), clean start off, a session expiry interval; and its QoS 1 messages are
+acknowledged only once a committed epoch covers them (:mod:`.acks`). So the broker
+holds whatever the peer has not made safe, and a source that moves to another peer
+(its peer dead for good; the scheduler moves it like an operator) resumes the session
+there: the broker redelivers every unacknowledged message, and the packet ids the
+checkpoint recorded tell which of them it already covers (dropped) from the log's tail
+(logged from the checkpoint's position on). Why not replicate the log to leaf-set
+peers before acknowledging: the broker already keeps an unacknowledged message, in
+order, for the session that took it; held acknowledgements make it the replica, with no
+round trip across the overlay per group commit and nothing to collect on other peers.
+Other sources (QoS 0, or apps without checkpoints) share the peer's ingest connection,
+a persistent session per peer and broker (a fixed client id, clean start off), and are
+acknowledged once logged. Each filter has the same subscription identifier in every
+session.
 
 **Reconnect.** The ingest process and the publishing connection each connect,
 (re)subscribe every wanted filter and serve; when the broker goes away they wait an
@@ -97,6 +109,7 @@ from agiledart.runtime.mqtt.pool import (
     BrokerPoolStatistics,
     Subscription,
     source_log_dir,
+    source_session,
 )
 from agiledart.runtime.mqtt.sink import MqttEpochSink, MqttSink
 from agiledart.runtime.mqtt.source import MqttSource, MqttSourceStatistics
@@ -122,4 +135,5 @@ __all__ = [
     "parse_broker",
     "plan",
     "source_log_dir",
+    "source_session",
 ]

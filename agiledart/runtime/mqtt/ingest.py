@@ -144,7 +144,13 @@ class Ingest:
         self.watchers: dict[int, tuple[str, Callable[[bool], None]]] = {}
         #: subscriber key -> what makes its delivered messages durable (before PUBACK)
         self.commits: dict[int, Callable[[], None]] = {}
+        #: set for a session of held acknowledgements (:mod:`.acks`): every PUBLISH
+        #: goes to it instead of the table, and is not acknowledged here (:meth:`ack`)
+        self.hold: Callable[[Publish], None] | None = None
+        #: called when a session is up, before its first PUBLISH is handled
+        self.on_session: Callable[[], None] | None = None
         self._proto: _Protocol | None = None
+        self._open: _Protocol | None = None  #: the connection, from its CONNECT on
         self._replies: dict[int, asyncio.Future[SubAck | UnsubAck]] = {}
         self._connack: asyncio.Future[ConnAck] | None = None
         self._next_pid = 0
@@ -195,6 +201,14 @@ class Ingest:
         for ev in events:
             if isinstance(ev, Publish):
                 st.messages_in += 1
+                if self.hold is not None:
+                    try:
+                        self.hold(ev)
+                    except Exception:
+                        st.errors += 1
+                        log.exception("an MQTT subscriber failed on a message from %s", ev.topic)
+                    delivered = True
+                    continue
                 targets = self._route(ev.topic, ev.sub_ids)
                 if not targets:
                     st.unrouted += 1
@@ -208,6 +222,8 @@ class Ingest:
                 if ev.qos:
                     acks.append(ev.packet_id)
             elif isinstance(ev, ConnAck):
+                if self.on_session is not None and ev.reason < 0x80:
+                    self.on_session()  # before the PUBLISHes that may follow in this read
                 if self._connack is not None and not self._connack.done():
                     self._connack.set_result(ev)
             elif isinstance(ev, SubAck | UnsubAck):
@@ -225,6 +241,13 @@ class Ingest:
                     st.errors += 1
                     log.exception("an MQTT subscriber failed to commit")
         return acks
+
+    def ack(self, packet_ids: list[int]) -> None:
+        """PUBACK ``packet_ids`` now (a held session's; lost if no session is up: the
+        broker redelivers them, and they are acknowledged then)."""
+        proto = self._open
+        if packet_ids and proto is not None and proto.transport is not None:
+            proto.transport.write(encode_pubacks(packet_ids))
 
     async def run(self, backoff: Backoff, rng: random.Random) -> None:
         """Run sessions, reconnecting with back-off, until cancelled."""
@@ -266,6 +289,7 @@ class Ingest:
             why = os.strerror(exc.errno) if exc.errno else str(exc) or "timed out"
             msg = f"cannot connect to {o.host}:{o.port}: {why}"
             raise BrokerError(msg) from None
+        self._open = proto
         try:
             self._connack = loop.create_future()
             transport.write(
@@ -306,7 +330,7 @@ class Ingest:
         finally:
             if self._proto is not None:  # the session was up: the broker holds these
                 self._held = self.granted
-            self._proto = None
+            self._proto = self._open = None
             self.granted = {}
             for reply in self._replies.values():
                 reply.cancel()

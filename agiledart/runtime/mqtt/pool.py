@@ -12,11 +12,17 @@ into the task group that owns the pool.
 pool sets it) the ingest process connects under a client id fixed by the pool's and
 the broker's identity and resumes its session at the broker (clean start 0): what
 matches our subscriptions while we are away (the peer restarting, the broker
-restarting with persistence) is queued there and arrives when we are back. Durable
-subscriptions (a checkpointed app's sources) are written down in their log directory
-(``subscription.json``) under ``log_root``; a pool started on the same directory
-takes them up again at once (detached, logging, until their app's source attaches),
-and a detached one nobody attaches within ``linger_s`` is closed and its log removed.
+restarting with persistence) is queued there and arrives when we are back.
+
+**A durable QoS 1 subscription** (a checkpointed app's source) has a session of its own
+instead (:func:`source_session`: its own ingest process, a client id fixed by app,
+source and broker, the same on every peer) whose acknowledgements are held until a
+committed epoch covers them (:mod:`.acks`): the broker keeps what the source has not
+made safe, so the session follows the source to whichever peer runs it. Its log stays
+under ``log_root`` for the app's next source on this peer (read on from a checkpoint;
+a pool started on the directory leaves it for that source, removing logs untouched for
+``linger_s``); detached between two generations it goes on logging, and one nobody
+attaches within ``linger_s`` is closed and its log removed.
 """
 
 from __future__ import annotations
@@ -42,10 +48,8 @@ from paho.mqtt.properties import Properties
 
 from agiledart.app.errors import ExecutionError
 from agiledart.app.topics import filter_problem
-from agiledart.errors import AgiledartError
 from agiledart.runtime.errors import BrokerError
 from agiledart.runtime.mqtt.core import Backoff, BrokerOptions, BrokerPoolStatistics, Deliver
-from agiledart.runtime.mqtt.log import segments
 from agiledart.runtime.mqtt.subscriptions import (
     SUBSCRIPTION_FILE,
     Subscribing,
@@ -66,6 +70,7 @@ __all__ = [
     "BrokerPoolStatistics",
     "Subscription",
     "source_log_dir",
+    "source_session",
 ]
 
 #: The bound of a :meth:`BrokerPool.subscribe` subscriber's private log.
@@ -302,8 +307,8 @@ class BrokerLease:
 
 def _remove_unread(root: Path, linger_s: float) -> None:
     """Remove the logs under ``root`` no source will read: ``once/`` (and what older
-    versions left), and ended sources' logs untouched for ``linger_s``; then the
-    folders that are left empty."""
+    versions left), and sources' logs untouched for ``linger_s``; then the folders
+    that are left empty."""
     if not root.is_dir():
         return
     for entry in root.iterdir():
@@ -312,7 +317,7 @@ def _remove_unread(root: Path, linger_s: float) -> None:
     for directory in root.glob(f"{APPS}/*/*"):
         with contextlib.suppress(OSError):
             age = time.time() - directory.stat().st_mtime
-            if not (directory / SUBSCRIPTION_FILE).exists() and age > linger_s:
+            if age > linger_s:
                 shutil.rmtree(directory, ignore_errors=True)
     for directory in [*root.glob(f"{APPS}/*"), root / APPS, root]:
         with contextlib.suppress(OSError):
@@ -326,6 +331,14 @@ def source_log_dir(root: Path, app_id: str | None, source_id: str) -> Path:
     if app_id is None:
         return root / ONCE / f"{source_id}-{secrets.token_hex(6)}"
     return root / APPS / app_id / source_id
+
+
+def source_session(log_dir: Path, broker: BrokerOptions) -> str:
+    """The client id of a durable source's own broker session: fixed by its app and
+    source (its log directory's last two names) and the broker, the same on every peer,
+    so the peer a source moves to resumes the session the dead one had."""
+    who = f"{log_dir.parent.name}\0{log_dir.name}\0{broker.address}\0{broker.username or ''}"
+    return f"agiledart-src-{hashlib.sha256(who.encode()).hexdigest()[:16]}"
 
 
 class Tracer(Protocol):
@@ -369,7 +382,8 @@ class BrokerPool:
         self.timeout_s = timeout_s
         self.stats = BrokerPoolStatistics()
         self._conns: dict[BrokerOptions, _Connection] = {}  #: publishing
-        self._subs: dict[BrokerOptions, Subscribing] = {}  #: ingest processes
+        #: ingest processes: per broker, and per durable source's own session
+        self._subs: dict[tuple[BrokerOptions, str | None], Subscribing] = {}
         self._ended: list[Subscribing] = []
         self._next_key = 0
         self._group: asyncio.TaskGroup | None = None
@@ -444,6 +458,7 @@ class BrokerPool:
         on_active: Callable[[bool], None] | None = None,
         durable: bool = False,
         start: int = 0,
+        seed: list[Any] | None = None,
     ) -> Subscription:
         """Have the broker's messages on ``topic_filter`` written to a log in
         ``log_dir`` by the broker's ingest process (QoS 1: acknowledged once written),
@@ -454,7 +469,9 @@ class BrokerPool:
         ``durable``: the log is continued if ``log_dir`` holds one (a subscription
         detached there is attached again), written down to be taken up again by a
         pool started on ``log_root``, and detached rather than ended by
-        :meth:`detach`."""
+        :meth:`detach`; with QoS 1 it has a broker session of its own (:func:`source_session`),
+        whatever peer runs it, its acknowledgements held until positions are done
+        (:mod:`.acks`; ``seed``: the packet ids its checkpoint recorded)."""
         old = self._durable.pop(log_dir, None)
         if old is not None and old._owner is not None:
             want = (broker, topic_filter, qos, max_bytes, limit)
@@ -470,7 +487,9 @@ class BrokerPool:
         if qos not in (0, 1):
             msg = f"qos must be 0 or 1, got {qos!r}"
             raise ExecutionError(msg)
-        owner = self._acquire_sub(broker)
+        # QoS 0: the broker neither keeps nor redelivers; the peer's connection does
+        session = source_session(log_dir, broker) if durable and qos == 1 else None
+        owner = self._acquire_sub(broker, session)
         self._next_key += 1
         sub = Subscription(
             owner,
@@ -483,6 +502,7 @@ class BrokerPool:
             on_commit=on_commit,
             on_active=on_active,
             start=start,
+            seed=seed,
         )
         if durable:
             self._durable[log_dir] = sub
@@ -518,37 +538,15 @@ class BrokerPool:
             log.warning("cannot write down the subscription in %s: %s", path.parent, exc)
 
     def _adopt(self) -> None:
-        """Take up the durable subscriptions written down under ``log_root``, detached;
-        remove the logs no source will read (``once/``, and ended sources' logs older
-        than ``linger_s``)."""
+        """Remove the logs under ``log_root`` no source will read (``once/``, and
+        sources' logs untouched for ``linger_s``). A durable log is not taken up before
+        its source comes back: its broker session (the source's own, :mod:`.acks`)
+        holds every message not yet covered by a committed epoch, and a source that
+        moved to another peer meanwhile has that session now."""
         root = self.log_root
         if root is None or self._closed:
             return
         _remove_unread(root, self.linger_s)
-        for path in sorted(root.glob(f"{APPS}/*/*/{SUBSCRIPTION_FILE}")):
-            if path.parent in self._durable:
-                continue
-            try:
-                what = json.loads(path.read_text())
-                if what.get("password"):
-                    continue  # its source brings the password when its app comes back
-                broker = BrokerOptions(**what["broker"])
-                sub = self.subscribe_log(
-                    broker,
-                    str(what["filter"]),
-                    qos=int(what["qos"]),
-                    log_dir=path.parent,
-                    max_bytes=int(what["max_bytes"]),
-                    limit=what["limit"],
-                    on_commit=lambda: None,
-                    durable=True,
-                    start=(segments(path.parent) or [0])[0],  # its source says where from
-                )
-            except (OSError, ValueError, TypeError, KeyError, AgiledartError) as exc:
-                log.warning("cannot take up the MQTT log in %s: %s", path.parent, exc)
-                continue
-            sub.detach(self.clock())
-            log.info("took up the MQTT log in %s (%s)", path.parent, sub.topic_filter)
 
     async def _sweep(self) -> None:
         """Close the detached subscriptions nobody attached within ``linger_s``."""
@@ -580,22 +578,22 @@ class BrokerPool:
         st.subscribers = sum(len(s.subs) for s in live)
         return st
 
-    def _acquire_sub(self, broker: BrokerOptions) -> Subscribing:
+    def _acquire_sub(self, broker: BrokerOptions, session: str | None = None) -> Subscribing:
         if self._closed:
             msg = "the peer's broker pool is closed"
             raise ExecutionError(msg)
-        sub = self._subs.get(broker)
+        sub = self._subs.get((broker, session))
         if sub is None:
             broker.ssl_context(f"broker {broker.address}")  # a bad CA file fails here
-            sub = self._subs[broker] = Subscribing(self, broker)
+            sub = self._subs[broker, session] = Subscribing(self, broker, session)
             if self._group is not None:
                 self._launch(sub)
         return sub
 
     def _release_sub(self, sub: Subscribing) -> None:
-        if sub.subs or self._subs.get(sub.options) is not sub:
+        if sub.subs or self._subs.get((sub.options, sub.session)) is not sub:
             return
-        del self._subs[sub.options]
+        del self._subs[sub.options, sub.session]
         self._ended.append(sub)  # its counters still count
         if sub.task is not None:
             sub.task.cancel()

@@ -14,6 +14,7 @@ from agiledart.app.errors import DataError, ExecutionError
 from agiledart.app.spec import SourceSpec
 from agiledart.operators import Record
 from agiledart.runtime.connectors import SourceStatistics
+from agiledart.runtime.mqtt.acks import replay_ids
 from agiledart.runtime.mqtt.core import BrokerOptions, PayloadDecoder
 from agiledart.runtime.mqtt.pool import BrokerPool
 from agiledart.runtime.mqtt.subscriptions import Subscription
@@ -36,6 +37,8 @@ class MqttSourceStatistics(SourceStatistics):
     subscribed: bool = False
     backlog: int = 0  #: messages in the source's log, not yet handed on
     log_position: int = 0  #: messages read from the log so far (a replay point)
+    #: the broker's redeliveries of messages already logged (or checkpointed), dropped
+    duplicates: int = 0
     #: the broker connection: connecting, connected or retrying (since when, wall-clock
     #: seconds, and the last error: a wrong port shows as "cannot connect: ... refused")
     connection: str = "connecting"
@@ -66,6 +69,11 @@ class MqttSource:
     position, reads on from there: what came after the checkpoint is replayed once.
     Stopped without ending, it leaves the subscription logging for the next
     generation; ended, it unsubscribes and leaves the log for a restore to read.
+    A durable source has its own broker session, the same on any peer, and its QoS 1
+    messages are acknowledged only once a committed epoch covers them (:mod:`.acks`):
+    :meth:`replay_ids` is what a checkpoint records besides the position, and a source
+    made with ``replay`` (a checkpoint's, on a peer that lacks the log) drops the
+    broker's redeliveries of what the checkpoint covers.
     """
 
     def __init__(
@@ -80,6 +88,7 @@ class MqttSource:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         durable: bool = False,
         start: int = 0,
+        replay: list[Any] | None = None,
     ) -> None:
         if spec.connector != "mqtt":
             msg = f"source {spec.id!r}: an MqttSource needs the mqtt connector"
@@ -115,6 +124,7 @@ class MqttSource:
         self._sleep = sleep
         self._durable = durable
         self._start = start  #: the log position to read on from (a restored source's)
+        self._replay = replay  #: the packet ids its checkpoint recorded
         #: records handed on, toward ``count`` (a restored source: counted from its start)
         self._taken = start
         self._emitted_at = start  #: the log position after the last batch emitted
@@ -132,6 +142,13 @@ class MqttSource:
         batches emitted before it (records, bad payloads and messages shed alike)."""
         self._marks[epoch] = self._emitted_at
         return self._emitted_at
+
+    def replay_ids(self, position: int) -> list[Any] | None:
+        """What a checkpoint at log ``position`` records besides it: the packet ids of
+        the messages before it that the broker may still redeliver (None: not durable)."""
+        if not self._durable:
+            return None
+        return replay_ids(self.log_dir, position)
 
     def committed(self, epoch: int) -> None:
         """Epoch ``epoch`` is committed: the log may drop what came before its position."""
@@ -166,6 +183,7 @@ class MqttSource:
             return
         st.shed = self._shed
         st.received = sub.received
+        st.duplicates = sub.duplicates
         st.backlog = sub.reader.backlog
         st.log_position = sub.reader.position
         trace = self._brokers.trace
@@ -229,6 +247,7 @@ class MqttSource:
             on_active=self._on_active,
             durable=self._durable,
             start=self._start,
+            seed=self._replay if self._durable else None,
         )
         attachment = sub.attachments
         sub.on_connection = self._on_connection

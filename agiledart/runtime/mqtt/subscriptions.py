@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 #: The file in a durable subscription's log directory that says what it subscribes to.
 SUBSCRIPTION_FILE = "subscription.json"
+#: A source's own session's expiry interval when its pool's sessions do not persist.
+HELD_EXPIRY_S = 3600
 _WORKER = (sys.executable, "-m", "agiledart.runtime.mqtt.worker")
 #: the counters an ingest process reports, summed over the processes a pool ran
 _COUNTERS = ("connects", "reconnects", "messages_in", "unrouted", "errors")
@@ -64,6 +66,7 @@ class Subscription:
         on_commit: Callable[[], None],
         on_active: Callable[[bool], None] | None,
         start: int = 0,
+        seed: list[Any] | None = None,
     ) -> None:
         self._owner: Subscribing | None = owner
         self.key = key
@@ -85,6 +88,11 @@ class Subscription:
         self.received = 0  #: messages the ingest process took for this subscription
         self._shed_before = 0  #: shed by ingest processes that have ended
         self._received_before = 0
+        #: held acknowledgements (a session of its own): positions below are done
+        self.done = start
+        self.seed = seed  #: the packet ids its checkpoint recorded (see :mod:`.acks`)
+        self.duplicates = 0  #: the broker's redeliveries dropped
+        self._duplicates_before = 0
 
     def add_command(self) -> dict[str, Any]:
         return {
@@ -98,14 +106,18 @@ class Subscription:
             "start": self.reader.committed,
             "read": self.reader.position,
             "released": self.reader.released,
+            "done": self.done,
+            "seed": self.seed,
         }
 
     def read_to(self, position: int, released: int | None = None) -> None:
         """Tell the ingest process how far the log is read (its bound counts from
         there) and remove the segments before ``released`` (default: ``position``)."""
         self.reader.release(released)
+        if released is not None:
+            self.done = max(self.done, released)
         if self._owner is not None:
-            message = {"op": "read", "key": self.key, "position": position}
+            message = {"op": "read", "key": self.key, "position": position, "done": self.done}
             self._owner.send({**message, "released": self.reader.released})
 
     def attach(
@@ -136,6 +148,7 @@ class Subscription:
             self.reader.committed = max(self.reader.committed, int(message["c"]))
             self.shed = self._shed_before + int(message["s"])
             self.received = self._received_before + int(message["r"])
+            self.duplicates = self._duplicates_before + int(message.get("d", 0))
             self.on_commit()
         elif "a" in message:
             self._set_active(bool(message["a"]), message.get("why"))
@@ -148,6 +161,7 @@ class Subscription:
     def _restarted(self) -> None:
         """A new ingest process: its counts start again from 0 (its log goes on)."""
         self._shed_before, self._received_before = self.shed, self.received
+        self._duplicates_before = self.duplicates
 
     def close(self, *, remove: bool = True) -> None:
         """Unsubscribe; remove the log, or (``remove=False``) keep it for a source
@@ -164,9 +178,14 @@ class Subscription:
 class Subscribing:
     """The ingest process for one broker, and the subscriptions it serves."""
 
-    def __init__(self, pool: BrokerPool, options: BrokerOptions) -> None:
+    def __init__(
+        self, pool: BrokerPool, options: BrokerOptions, session: str | None = None
+    ) -> None:
         self.pool = pool
         self.options = options
+        #: a source's own session (client id), its acknowledgements held; None: the
+        #: peer's shared ingest connection to the broker
+        self.session = session
         self.subs: dict[int, Subscription] = {}
         self.task: asyncio.Task[None] | None = None
         self.connected = False
@@ -213,8 +232,10 @@ class Subscribing:
         pool = self.pool
         return {
             "broker": dataclasses.asdict(self.options),
-            "client_id": pool.ingest_client_id(self.options),
-            "session_expiry_s": pool.session_expiry_s,
+            "client_id": self.session or pool.ingest_client_id(self.options),
+            "hold": self.session is not None,
+            # a source's own session outlives its peer, whatever the pool's does
+            "session_expiry_s": pool.session_expiry_s or (HELD_EXPIRY_S if self.session else 0),
             "keepalive_s": pool.keepalive_s,
             "timeout_s": pool.timeout_s,
             "backoff": dataclasses.asdict(pool.backoff),

@@ -141,10 +141,13 @@ def encode_connect(
 
 
 def encode_subscribe(packet_id: int, topic_filter: str, qos: int, sub_id: int) -> bytes:
-    """SUBSCRIBE to one filter, naming it with subscription identifier ``sub_id``."""
+    """SUBSCRIBE to one filter, naming it with subscription identifier ``sub_id``;
+    retained messages only if the session does not hold the filter yet (retain
+    handling 1, 3.8.3.1): a resumed session subscribing again (a new ingest process, a
+    source moved to another peer) is not sent them a second time."""
     props = b"\x0b" + _varint(sub_id)
     body = struct.pack("!H", packet_id) + _varint(len(props)) + props
-    return _packet(0x82, body + _str(topic_filter) + bytes([qos]))
+    return _packet(0x82, body + _str(topic_filter) + bytes([qos | 0x10]))
 
 
 def encode_unsubscribe(packet_id: int, topic_filter: str) -> bytes:

@@ -20,6 +20,13 @@ shed, "r": received}`` after an add and a commit, ``{"k": key, "a": active, "why
 refused}`` when the broker takes or loses a subscription, ``{"stats": {...}}`` twice
 a second while they change. The process ends when its stdin closes (the peer is gone)
 or it is terminated.
+
+With ``"hold": true`` in the connection (a checkpointed app's source, alone on its own
+broker session) QoS 1 messages are not acknowledged once logged but held (:mod:`.acks`)
+until the source says their positions are done: the add carries ``"done"`` (the
+position of the last committed epoch) and ``"seed"`` (the packet ids a checkpoint
+recorded, for a log begun anew on another peer), and a ``read`` carries ``"done"``.
+The commit reports add ``"d"``: the redeliveries dropped as duplicates.
 """
 
 from __future__ import annotations
@@ -34,9 +41,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from agiledart.runtime.mqtt.acks import HeldAcks
 from agiledart.runtime.mqtt.core import Backoff, BrokerOptions, BrokerPoolStatistics
 from agiledart.runtime.mqtt.ingest import Ingest
 from agiledart.runtime.mqtt.log import LogWriter
+from agiledart.runtime.mqtt.wire import Publish
 
 __all__ = ["main"]
 
@@ -52,7 +61,9 @@ class _Sub:
     topic_filter: str
     writer: LogWriter
     received: int = 0
-    reported: tuple[int, int, int] = (-1, -1, -1)
+    reported: tuple[int, ...] = ()
+    acks: HeldAcks | None = None  #: a held session's
+    pending: list[int] | None = None  #: packet ids of the messages appended, not committed
 
     def deliver(self, topic: str, payload: bytes) -> None:
         self.received += 1
@@ -72,6 +83,7 @@ class _Worker:
             stats=self.stats,
         )
         self.backoff = Backoff(**config.get("backoff", {}))
+        self.hold = bool(config.get("hold"))
         self.subs: dict[int, _Sub] = {}
         self._keys: dict[int, int] = {}  #: the peer's key -> the table's
         self._reported: dict[str, Any] = {}
@@ -87,7 +99,10 @@ class _Worker:
         elif op == "remove":
             self._remove(key)
         elif op == "read" and key in self.subs:
-            self.subs[key].writer.reader_at(int(cmd["position"]), cmd.get("released"))
+            sub = self.subs[key]
+            sub.writer.reader_at(int(cmd["position"]), cmd.get("released"))
+            if sub.acks is not None and cmd.get("done") is not None:
+                self.ingest.ack(sub.acks.release(int(cmd["done"])))
 
     def _add(self, key: int, cmd: dict[str, Any]) -> None:
         ingest = self.ingest
@@ -99,6 +114,16 @@ class _Worker:
         )
         writer.reader_at(int(cmd.get("read", writer.read)), cmd.get("released"))
         sub = self.subs[key] = _Sub(key, cmd["filter"], writer)
+        if self.hold:  # one source per held session: every message is its
+            sub.acks = HeldAcks(
+                writer.directory,
+                committed=writer.committed,
+                done=int(cmd.get("done", writer.committed)),
+                seed=cmd.get("seed"),
+            )
+            sub.pending = []
+            ingest.hold = partial(self._held, sub)
+            ingest.on_session = sub.acks.new_session
         tkey = self._keys[key] = ingest.table.add(sub.topic_filter, int(cmd["qos"]), sub.deliver)
         ingest.watchers[tkey] = (sub.topic_filter, partial(self._active, key))
         ingest.commits[tkey] = partial(self._commit, key)
@@ -111,6 +136,8 @@ class _Worker:
         if sub is None:
             return
         tkey = self._keys.pop(key)
+        if sub.acks is not None:
+            ingest.hold = ingest.on_session = None
         ingest.watchers.pop(tkey, None)
         ingest.commits.pop(tkey, None)
         if ingest.table.remove(sub.topic_filter, tkey):
@@ -124,16 +151,42 @@ class _Worker:
             self.report()  # first: the subscriptions and connection this change made
             self.send({"k": key, "a": active, "why": self.ingest.refused.get(sub.topic_filter)})
 
+    def _held(self, sub: _Sub, ev: Publish) -> None:
+        """A message of a held session: a duplicate dropped, or logged (not acked)."""
+        acks, pending = sub.acks, sub.pending
+        assert acks is not None
+        assert pending is not None
+        if ev.dup:
+            position = acks.redelivered(ev.packet_id)
+            if position is not None:
+                self.ingest.ack(acks.hold(position, ev.packet_id))
+                return
+        else:
+            acks.fresh()
+        sub.received += 1
+        if sub.writer.append(ev.topic, ev.payload):
+            pending.append(ev.packet_id if ev.qos else 0)
+        elif ev.qos:
+            self.ingest.ack([ev.packet_id])  # shed (counted): the broker need not keep it
+
     def _commit(self, key: int) -> None:
         sub = self.subs.get(key)
         if sub is None:
             return
-        sub.writer.commit()
-        now = (sub.writer.committed, sub.writer.shed, sub.received)
+        first = sub.writer.committed
+        done = sub.writer.commit()
+        if sub.acks is not None and sub.pending is not None:
+            pids, sub.pending = sub.pending, []
+            if done == len(pids) and pids:
+                sub.acks.logged(first, pids)
+            elif pids:  # the disk failed: shed (counted), not kept at the broker either
+                self.ingest.ack([p for p in pids if p])
+        dups = 0 if sub.acks is None else sub.acks.duplicates
+        now = (sub.writer.committed, sub.writer.shed, sub.received, dups)
         if now != sub.reported:
             sub.reported = now
             self.report()  # first: the counts that include these messages
-            self.send({"k": key, "c": now[0], "s": now[1], "r": now[2]})
+            self.send({"k": key, "c": now[0], "s": now[1], "r": now[2], "d": now[3]})
 
     def report(self) -> None:
         """Send the statistics, if they changed since last sent."""
