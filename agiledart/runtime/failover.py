@@ -3,8 +3,10 @@ whole, to its last committed checkpoint when it has one, else to its beginning.
 
 What a dead peer hosted moves to the live peer whose id is closest to it (its leaf-set
 neighbour); a peer that restarted (it answers, but lost its instances) keeps its part;
-the peer of a source or sink is waited for (:data:`PINNED_GRACE_S`) and the app fails
-if it does not come back. Every recovery starts a new *generation*: reports of an older
+so does a network sink (mqtt, http, sql to a server: what it held at the checkpoint
+is restored with it). The peer of a source or of a sink writing the peer's own files
+(file, SQLite) is waited for (:data:`PINNED_GRACE_S`) and the app fails if it does
+not come back. Every recovery starts a new *generation*: reports of an older
 one are ignored, so a restart is never recovered from twice.
 """
 
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from agiledart.app.graph import topological_order
 from agiledart.app.spec import AppSpec
 from agiledart.errors import AgiledartError
+from agiledart.runtime import twophase
 from agiledart.runtime.appstate import AppRecord
 from agiledart.runtime.epochs import restore_plan
 from agiledart.runtime.errors import DeployError
@@ -29,7 +32,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PINNED_GRACE_S", "Recovery", "app_hosts", "consumers_first", "replaced"]
+__all__ = [
+    "PINNED_GRACE_S",
+    "Recovery",
+    "app_hosts",
+    "consumers_first",
+    "pinned_peers",
+    "replaced",
+]
 
 #: seconds a dead source's or sink's peer is waited for (see Recovery.recover)
 PINNED_GRACE_S = 20.0
@@ -69,7 +79,7 @@ class Recovery:
                 # its part and runs this generation): nothing is left to recover
                 return
             started = time.monotonic()
-            pinned = dead in rec.sources.values() or dead in rec.sinks.values()
+            pinned = dead in pinned_peers(self.s.spec_of(rec), rec)
             if pinned and not restarted:
                 restarted = await self._comes_back(rec, dead)
                 if not restarted:
@@ -110,7 +120,7 @@ class Recovery:
         gone = {p for p, ok in zip(others, answers, strict=True) if not ok}
         if not restarted:
             gone.add(dead)
-        pinned = sorted(gone & (set(rec.sources.values()) | set(rec.sinks.values())))
+        pinned = sorted(gone & pinned_peers(spec, rec))
         if pinned:
             msg = f"peer {pinned[0]}, which hosts a source or sink, died"
             raise DeployError(msg)
@@ -139,10 +149,11 @@ class Recovery:
             op: list(dict.fromkeys(moved.get(p, p) for p in peers))
             for op, peers in rec.placement.items()
         }
+        rec.sinks = {k: moved.get(p, p) for k, p in rec.sinks.items()}
         for lost, by in moved.items():
             rec.paths = [replaced(path, lost, by) for path in rec.paths]
         self.s.next_generation(rec)
-        hosts = app_hosts(spec, rec.placement)
+        hosts = app_hosts(spec, rec.placement, rec.sinks)
         plan = restore_plan(rec.checkpoint, moved) if rec.checkpoint else None
         order = consumers_first(spec, hosts)
         await self.s.install(rec, spec, hosts, addresses, order, restore=plan)
@@ -224,10 +235,23 @@ def consumers_first(spec: AppSpec, hosts: Mapping[str, Sequence[str]]) -> list[s
     return order
 
 
-def app_hosts(spec: AppSpec, placement: Mapping[str, Sequence[str]]) -> dict[str, tuple[str, ...]]:
-    """Node id -> its hosting peers: sources and sinks on their pinned peers, the
-    operators where ``placement`` puts them."""
+def pinned_peers(spec: AppSpec, rec: AppRecord) -> set[str]:
+    """The peers of ``rec``'s sources and of its sinks that cannot move (their
+    output is a file of their peer's)."""
+    movable = {k.id for k in spec.sinks if twophase.movable(k)}
+    sinks = {p for k, p in rec.sinks.items() if k not in movable}
+    return set(rec.sources.values()) | sinks
+
+
+def app_hosts(
+    spec: AppSpec,
+    placement: Mapping[str, Sequence[str]],
+    sinks: Mapping[str, str] | None = None,
+) -> dict[str, tuple[str, ...]]:
+    """Node id -> its hosting peers: sources on their pinned peers, sinks on theirs
+    (``sinks``: where network sinks moved), the operators where ``placement`` puts
+    them."""
     hosts: dict[str, tuple[str, ...]] = {s.id: (s.peer,) for s in spec.sources}
-    hosts |= {k.id: (k.peer,) for k in spec.sinks}
+    hosts |= {k.id: ((sinks or {}).get(k.id, k.peer),) for k in spec.sinks}
     hosts |= {op: tuple(peers) for op, peers in placement.items()}
     return hosts
