@@ -128,7 +128,7 @@ def test_the_output_is_exact_when_the_sinks_peer_dies_for_good(
         DESTINATIONS[destination](request, tmp_path) as dest,
         five_peers(tmp_path) as site,
     ):
-        spec_raw = windows(f"{destination}_moves", dest.connector, dest.params, count=10_000)
+        spec_raw = windows(f"{destination}_moves", dest.connector, dest.params, count=6_000)
         dest.down()
         app_id = submit(site, spec_raw)
 
