@@ -21,6 +21,8 @@ from agiledart.app.spec import SinkSpec
 from agiledart.cli.apps import _print_status
 from agiledart.runtime.confine import DataPolicy, EnvNotAllowed, PathNotAllowed
 from agiledart.runtime.connectors import open_sink
+from agiledart.runtime.epochs import Epochs
+from agiledart.runtime.recovery import holders_of
 from agiledart.runtime.sinks import connection_of as _connection_of
 from agiledart.runtime.sql import SqlSink
 from agiledart.runtime.sql.db import FINAL_EPOCH, Batch, Database, Target
@@ -385,3 +387,21 @@ def test_network_sinks_move_and_file_writing_ones_stay() -> None:
     assert not movable(sink("sql", table="t"))  # SQLite under the peer's data root
     assert not movable(sink("sql", url="sqlite:///x.db", table="t"))
     assert not movable(sink("file", path="out.jsonl"))
+
+
+def test_what_a_network_sink_stored_counts_in_the_checkpoint_and_its_holders() -> None:
+    """The commit's ``bytes`` add what the sink stored to the states', and its holders
+    are among those told to drop older fragments."""
+    epochs = Epochs()
+    epochs.cut(None, generation=0, now=0.0)
+    pending = epochs.pending
+    assert pending is not None
+    kept = {"instance": "out@p", "holders": [["h", ["10.0.0.7", 7]]], "m": 1, "k": 0}
+    commit = {"epoch": 1, "peer": "p", "state": {**kept, "bytes": 12, "seconds": 0.1}}
+    pending.note({"kind": "sink", "id": "out", "commit": commit})
+    state = {"peer": "q", "ops": ["c"], "instance": "c@q", "holders": [["g", ["10.0.0.8", 8]]]}
+    pending.note({"kind": "state", **state, "m": 1, "k": 0, "bytes": 30, "seconds": 0.2})
+    committed = epochs.commit(set(), now=1.0, at=1.0)
+    assert committed["bytes"] == 42
+    assert committed["sinks"] == {"out": commit}
+    assert holders_of(committed) == {("10.0.0.7", 7), ("10.0.0.8", 8)}
