@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from agiledart.errors import AgiledartError
 from agiledart.runtime.appstate import AppRecord
+from agiledart.runtime.failover import pinned_peers
 from agiledart.runtime.links import Address
 from agiledart.runtime.records import record_key
 
@@ -92,7 +93,7 @@ class Adoption:
             log.warning("not adopting app %s: it ended meanwhile", rec.app_id)
             self.s.forget(rec.app_id)
             return
-        if not restarted and (lost in rec.sources.values() or lost in rec.sinks.values()):
+        if not restarted and lost in pinned_peers(self.s.spec_of(rec), rec):
             await self.s.fail(rec, f"peer {lost}, which hosts a source or sink, died")
             return
         try:

@@ -169,7 +169,9 @@ class Checkpointer:
         # two-phase sinks (sql, http) send the epoch's output now that it is committed
         done = {"app_id": rec.app_id, "epoch": pending.epoch, "generation": rec.generation}
         waiting = {
-            k.peer for k in self.s.spec_of(app.record).sinks if k.connector in ("sql", "http")
+            rec.sinks.get(k.id, k.peer)
+            for k in self.s.spec_of(app.record).sinks
+            if k.connector in ("sql", "http", "mqtt")
         }
         for peer in sorted(waiting & set(rec.addresses)):
             self.s.tasks.spawn(self.s.hosts.quiet(rec.address_of(peer), "app_committed", done))

@@ -214,7 +214,7 @@ class Epochs:
             "replay": {sid: r["replay"] for sid, r in pending.sources.items() if r.get("replay")},
             "sinks": {sid: r.get("commit") for sid, r in pending.sinks.items()},
             "states": states,
-            "bytes": sum(int(r["bytes"]) for r in states),
+            "bytes": sum(int(r["bytes"]) for r in [*states, *_sink_states(pending.sinks)]),
             "store_s": max(
                 (float(r.get("seconds", 0.0)) for r in pending.states.values()), default=0.0
             ),
@@ -229,6 +229,12 @@ class Epochs:
         holders = self.unsaved_holders | holders_now
         self.unsaved_holders = set()
         return holders
+
+
+def _sink_states(sinks: Mapping[str, Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """What network sinks stored with the epoch (their reports' ``commit.state``)."""
+    commits = [r.get("commit") for r in sinks.values()]
+    return [c["state"] for c in commits if isinstance(c, dict) and c.get("state")]
 
 
 def checkpointing(spec: AppSpec) -> tuple[int, int] | None:

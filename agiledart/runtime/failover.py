@@ -3,8 +3,10 @@ whole, to its last committed checkpoint when it has one, else to its beginning.
 
 What a dead peer hosted moves to the live peer whose id is closest to it (its leaf-set
 neighbour); a peer that restarted (it answers, but lost its instances) keeps its part;
-the peer of a source or sink is waited for (:data:`PINNED_GRACE_S`) and the app fails
-if it does not come back. Every recovery starts a new *generation*: reports of an older
+so does a network sink (mqtt, http, sql to a server: what it held at the checkpoint
+is restored with it). The peer of a source or of a sink writing the peer's own files
+(file, SQLite) is waited for (:data:`PINNED_GRACE_S`) and the app fails if it does
+not come back. Every recovery starts a new *generation*: reports of an older
 one are ignored, so a restart is never recovered from twice.
 """
 
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from agiledart.app.graph import topological_order
 from agiledart.app.spec import AppSpec, SourceSpec
 from agiledart.errors import AgiledartError
+from agiledart.runtime import twophase
 from agiledart.runtime.appstate import AppRecord
 from agiledart.runtime.epochs import restore_plan
 from agiledart.runtime.errors import DeployError
@@ -155,10 +158,11 @@ class Recovery:
             for op, peers in rec.placement.items()
         }
         rec.sources = {sid: moved.get(p, p) for sid, p in rec.sources.items()}  # movable ones
+        rec.sinks = {k: moved.get(p, p) for k, p in rec.sinks.items()}  # network sinks
         for lost, by in moved.items():
             rec.paths = [replaced(path, lost, by) for path in rec.paths]
         self.s.next_generation(rec)
-        hosts = app_hosts(spec, rec.placement, rec.sources)
+        hosts = app_hosts(spec, rec.placement, rec.sources, rec.sinks)
         plan = restore_plan(rec.checkpoint, moved) if rec.checkpoint else None
         order = consumers_first(spec, hosts)
         await self.s.install(rec, spec, hosts, addresses, order, restore=plan)
@@ -249,23 +253,29 @@ def movable(spec: AppSpec, source: SourceSpec) -> bool:
 
 def pinned_peers(spec: AppSpec | None, rec: AppRecord) -> set[str]:
     """The peers hosting a source or sink that cannot move: the app fails without them
-    (without its spec at hand, every source counts as one that cannot)."""
+    (without its spec at hand, every source and sink counts as one that cannot). A QoS
+    1 mqtt source of a checkpointed app moves (:func:`movable`), and so does a network
+    sink (:func:`agiledart.runtime.twophase.movable`: its output is not a file of its
+    peer's)."""
     if spec is None:
         return set(rec.sources.values()) | set(rec.sinks.values())
     moves = {s.id for s in spec.sources if movable(spec, s)}
-    return {p for sid, p in rec.sources.items() if sid not in moves} | set(rec.sinks.values())
+    moves |= {k.id for k in spec.sinks if twophase.movable(k)}
+    ends = [*rec.sources.items(), *rec.sinks.items()]
+    return {p for node, p in ends if node not in moves}
 
 
 def app_hosts(
     spec: AppSpec,
     placement: Mapping[str, Sequence[str]],
     sources: Mapping[str, str] | None = None,
+    sinks: Mapping[str, str] | None = None,
 ) -> dict[str, tuple[str, ...]]:
-    """Node id -> its hosting peers: sources on their peers (``sources``, where some
-    moved, else the spec's), sinks on their pinned peers, the operators where
+    """Node id -> its hosting peers: sources and sinks on their peers (``sources``,
+    ``sinks``: where those that can move now run, else the spec's), the operators where
     ``placement`` puts them."""
-    where = sources or {}
-    hosts: dict[str, tuple[str, ...]] = {s.id: (where.get(s.id, s.peer),) for s in spec.sources}
-    hosts |= {k.id: (k.peer,) for k in spec.sinks}
+    src, out = sources or {}, sinks or {}
+    hosts: dict[str, tuple[str, ...]] = {s.id: (src.get(s.id, s.peer),) for s in spec.sources}
+    hosts |= {k.id: (out.get(k.id, k.peer),) for k in spec.sinks}
     hosts |= {op: tuple(peers) for op, peers in placement.items()}
     return hosts

@@ -199,6 +199,8 @@ class AppInstance:
             on_sink_done=on_sink_done,
             spawn=self._spawn,
             trace=trace,
+            keep=None if holders is None else lambda *a: self.checkpoints.keep(*a),
+            fetch=lambda entry, epoch: self.checkpoints.fetch(entry, epoch),
         )
         self.router = Router(
             app_id=self.app_id,
@@ -328,6 +330,7 @@ class AppInstance:
             units = [seg.unit for seg in self.segments if seg.unit is not None]
             if self.restore:
                 await self.checkpoints.restore_states()
+                await self.local_sinks.restore(self.restore)
             await self.engine.open_app(self.app_id, self.spec, units, code)
             self._ready.set()
             async with asyncio.TaskGroup() as group:

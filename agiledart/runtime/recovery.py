@@ -424,12 +424,15 @@ async def forget(
 
 
 def holders_of(checkpoint: Mapping[str, Any] | None) -> set[Address]:
-    """The addresses of the holders of a committed checkpoint (an app record's)."""
+    """The addresses of the holders of a committed checkpoint (an app record's): of
+    its operators' states and of what its network sinks held."""
     if not checkpoint:
         return set()
+    sinks = checkpoint.get("sinks", {}).values()
+    kept = [c["state"] for c in sinks if isinstance(c, dict) and "state" in c]  # network sinks'
     return {
         (str(a[0]), int(a[1]))
-        for entry in checkpoint.get("states", [])
+        for entry in [*checkpoint.get("states", []), *kept]
         for _, a in entry.get("holders", [])
     }
 

@@ -124,7 +124,7 @@ class Rescaling:
         await self.s.hosts.undeploy(rec)
         self.s.next_generation(rec)
         spec = self.s.spec_of(rec)
-        hosts = app_hosts(spec, rec.placement, rec.sources)
+        hosts = app_hosts(spec, rec.placement, rec.sources, rec.sinks)
         assert rec.checkpoint is not None
         plan = restore_plan(rec.checkpoint, {})
         if action == "migrate":  # the moved operators' states go with them

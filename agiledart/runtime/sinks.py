@@ -13,7 +13,7 @@ import collections
 import contextlib
 import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,10 +27,16 @@ from agiledart.runtime.deadletters import DeadLetters
 from agiledart.runtime.epochs import Alignment, Channel
 from agiledart.runtime.metrics import LatencyHistogram, quantile
 from agiledart.runtime.mqtt import BrokerPool, MqttSink
+from agiledart.runtime.recovery import CheckpointError
 from agiledart.runtime.topology import LocalTopology, merged_watermark
 from agiledart.runtime.twophase import SpooledSink
 
-__all__ = ["LocalSinks", "SinkState", "Tracer", "connection_of"]
+__all__ = ["Fetch", "Keep", "LocalSinks", "SinkState", "Tracer", "connection_of"]
+
+#: (instance, epoch, blob) -> the ``state`` (or ``state_failed``) report of its fragments
+Keep = Callable[[str, int, bytes], Awaitable[dict[str, Any]]]
+#: (a ``state`` report, epoch) -> the blob it stored
+Fetch = Callable[[Mapping[str, Any], int], Awaitable[bytes]]
 
 
 def now_ms() -> float:
@@ -72,7 +78,13 @@ class LocalSinks:
         on_sink_done: Callable[[str, dict[str, Any]], Awaitable[None]],
         spawn: Callable[[Awaitable[None]], Any],
         trace: Tracer | None = None,
+        keep: Keep | None = None,
+        fetch: Fetch | None = None,
     ) -> None:
+        """``keep`` stores what a sink that may move holds at a checkpoint as
+        fragments on leaf-set peers, ``fetch`` gets it back on a restore (both
+        :class:`~agiledart.runtime.snapshots.InstanceCheckpoints`'); without them the
+        sinks keep it on this peer's disk only."""
         self.app_id = app_id
         self.topology = topology
         self.fail = fail
@@ -80,6 +92,8 @@ class LocalSinks:
         self.on_sink_done = on_sink_done
         self.spawn = spawn
         self.trace = trace
+        self.keep = keep
+        self.fetch = fetch
         self.states: dict[str, SinkState] = {}
         #: operator -> its dead-letter sink here (``on_error: dead_letter``)
         self.dead_letters: dict[str, DeadLetters] = {}
@@ -184,21 +198,58 @@ class LocalSinks:
         """What came before barrier ``epoch`` on every channel is written: commit it."""
         state = self.states[sink_id]
         commit = getattr(state.sink, "commit", None)
+        blob: bytes | None = None
         try:
             if isinstance(state.sink, SpooledSink):  # its rows wait for the epoch's commit
                 committed: Any = await state.sink.seal(epoch)
+                if self.keep is not None and state.sink.movable:
+                    blob = await state.sink.held(epoch)
             else:
                 committed = commit() if commit is not None else None
         except ExecutionError as exc:
             self.fail(str(exc))
             return
-        await self.report(epoch, {"kind": "sink", "id": sink_id, "commit": committed})
+        if blob is None:
+            await self.report(epoch, {"kind": "sink", "id": sink_id, "commit": committed})
+        else:  # reported once what it holds is stored with the checkpoint
+            self.spawn(self._kept(sink_id, epoch, committed, blob))
         held, state.held = state.held, []
         for entry in held:
             if entry[0] == "d":
                 self.write(sink_id, entry[2], entry[3], entry[1])
             else:
                 await self.watermark(sink_id, entry[2], entry[3], entry[1][1])
+
+    async def _kept(self, sink_id: str, epoch: int, committed: dict[str, Any], blob: bytes) -> None:
+        """What sink ``sink_id`` holds at ``epoch`` stored on leaf-set peers, then its
+        report of the epoch, naming them (a restore on another peer fetches it)."""
+        assert self.keep is not None
+        kept = await self.keep(f"{sink_id}@{self.topology.me}", epoch, blob)
+        if kept["kind"] != "state":  # the epoch cannot commit
+            await self.report(epoch, kept)
+            return
+        state = {k: v for k, v in kept.items() if k != "kind"}
+        await self.report(
+            epoch, {"kind": "sink", "id": sink_id, "commit": {**committed, "state": state}}
+        )
+
+    async def restore(self, restore: Mapping[str, Any]) -> None:
+        """Before anything runs: a sink restored on a peer other than the one that
+        sealed the committed epoch gets what that epoch held (:meth:`SpooledSink.seed`)."""
+        epoch = restore.get("epoch")
+        for sink_id, state in self.states.items():
+            resume = restore.get("sinks", {}).get(sink_id)
+            if not isinstance(state.sink, SpooledSink) or not isinstance(resume, dict):
+                continue
+            kept = resume.get("state")
+            if kept is None or self.fetch is None or resume.get("peer") == self.topology.me:
+                continue
+            try:
+                blob = await self.fetch(kept, int(epoch or 0))
+            except CheckpointError as exc:
+                msg = f"sink {sink_id!r}: what checkpoint {epoch} held is lost: {exc}"
+                raise ExecutionError(msg) from None
+            await state.sink.seed(blob, resume)
 
     async def watermark(self, sink_id: str, producer: str, wm: int, sender: str = "") -> None:
         state = self.states[sink_id]

@@ -103,16 +103,20 @@ class InstanceCheckpoints:
             seg.wake.set()
 
     async def _save(self, seg: Segment, ops: list[str], epoch: int, blob: bytes) -> None:
+        report = await self.keep(f"{'+'.join(seg.ops)}@{self.me}", epoch, blob)
+        await self.report(epoch, {**report, "ops": ops} if report["kind"] == "state" else report)
+
+    async def keep(self, instance: str, epoch: int, blob: bytes) -> dict[str, Any]:
+        """``blob``, what ``instance`` keeps of checkpoint ``epoch``, stored as
+        fragments on leaf-set peers: the ``state`` report naming its holders, or a
+        ``state_failed`` one."""
         cp = self.spec.checkpoint
         m, k = (1, cp.k) if cp.mode == "replication" else (cp.m, cp.k)
-        instance = f"{'+'.join(seg.ops)}@{self.me}"
         holders = self.holders(m + k) if self.holders is not None else []
         fitted = fit_code(m, k, len(holders))
         if fitted is None:
             error = "no leaf-set peer can hold its fragments"
-            report = {"kind": "state_failed", "instance": instance, "error": error}
-            await self.report(epoch, report)
-            return
+            return {"kind": "state_failed", "instance": instance, "error": error}
         if fitted != (m, k):
             if instance not in self._lowered:
                 self._lowered.add(instance)
@@ -138,21 +142,28 @@ class InstanceCheckpoints:
             log.warning(
                 "app %s: checkpoint %d of %s not stored: %s", self.app_id, epoch, instance, exc
             )
-            failed = {"kind": "state_failed", "instance": instance, "error": str(exc)}
-            await self.report(epoch, failed)
-            return
-        await self.report(
-            epoch,
-            {
-                "kind": "state",
-                "ops": ops,
-                "instance": instance,
-                "holders": [[h.name, list(h.address)] for h in holders],
-                "m": m,
-                "k": k,
-                "bytes": receipt.bytes,
-                "seconds": round(receipt.seconds, 4),
-            },
+            return {"kind": "state_failed", "instance": instance, "error": str(exc)}
+        return {
+            "kind": "state",
+            "instance": instance,
+            "holders": [[h.name, list(h.address)] for h in holders],
+            "m": m,
+            "k": k,
+            "bytes": receipt.bytes,
+            "seconds": round(receipt.seconds, 4),
+        }
+
+    async def fetch(self, entry: Mapping[str, Any], epoch: int) -> bytes:
+        """What ``entry`` (a ``state`` report) stored of checkpoint ``epoch``, fetched
+        from m of its holders and decoded."""
+        holders = [Holder(str(n), (str(a[0]), int(a[1]))) for n, a in entry["holders"]]
+        return await load(
+            self.links,
+            holders,
+            app=self.app_id,
+            instance=str(entry["instance"]),
+            epoch=epoch,
+            m=int(entry["m"]),
         )
 
     async def restore_states(self) -> None:
@@ -166,16 +177,7 @@ class InstanceCheckpoints:
         ]
 
         async def fetch(entry: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-            holders = [Holder(str(n), (str(a[0]), int(a[1]))) for n, a in entry["holders"]]
-            blob = await load(
-                self.links,
-                holders,
-                app=self.app_id,
-                instance=entry["instance"],
-                epoch=int(plan["epoch"]),
-                m=int(entry["m"]),
-            )
-            return entry, blob
+            return entry, await self.fetch(entry, int(plan["epoch"]))
 
         try:
             got = await asyncio.gather(*(fetch(e) for e in wanted))

@@ -7,7 +7,9 @@ checkpoints; ``o``: rows of the epoch not sealed yet, put on disk so that a long
 does not fill the memory, renamed to their epoch when it is sealed), written to a
 temporary name, fsynced and renamed, so a peer killed mid-write leaves the entry
 whole or absent. Entries outlive the peer: a sink reopened
-on the restarted peer finds them and sends them on. An entry that would pass the
+on the restarted peer finds them and sends them on; a network sink keeps its sealed
+entries with each checkpoint too (:meth:`Spool.dump`, :meth:`Spool.load_dump`), so
+a sink moved to another peer sends them from there. An entry that would pass the
 bound is refused (the caller counts its rows as dropped), never written in part.
 """
 
@@ -22,10 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgpack
+
 __all__ = ["FINAL_EPOCH", "Batch", "Entry", "Spool"]
 
 #: the bookkeeping epoch of a sink's whole output, applied when the app ends
 FINAL_EPOCH = -1
+
+#: a spool's entries as one blob (:meth:`Spool.dump`; the class's ``bytes`` is its size)
+Dump = bytes
 
 _NAME = re.compile(r"^(\d{12})_(-?\d+|b|o)_(\d+)\.json$")
 
@@ -82,16 +89,17 @@ class Spool:
     def rows(self) -> int:
         return sum(e.rows for e in self.entries)
 
-    def append(self, batch: Batch, *, pending: bool = False) -> bool:
+    def append(self, batch: Batch, *, pending: bool = False, limit: bool = True) -> bool:
         """Write ``batch`` as the newest entry (``pending``: rows of the epoch not sealed
-        yet); False (nothing written) if it would take the spool past its limit."""
+        yet); False (nothing written) if it would take the spool past its limit (unless
+        ``limit`` is False: entries the limit took once already)."""
         data = json.dumps(
             {"epoch": batch.epoch, "columns": batch.columns, "rows": batch.rows},
             separators=(",", ":"),
             allow_nan=False,
         ).encode("utf-8")
         with self._lock:
-            if self.bytes + len(data) > self.limit:
+            if limit and self.bytes + len(data) > self.limit:
                 return False
             seq, self._next = self._next, self._next + 1
         tag = "o" if pending else "b" if batch.epoch is None else str(batch.epoch)
@@ -125,6 +133,24 @@ class Spool:
         raw: dict[str, Any] = json.loads(entry.path.read_bytes())
         columns = tuple((str(n), str(t)) for n, t in raw["columns"])
         return Batch(entry.epoch, columns, raw["rows"])
+
+    def dump(self, entries: list[Entry]) -> Dump:
+        """``entries`` (those delivered meanwhile left out) as one msgpack blob."""
+        batches = []
+        for entry in entries:
+            with contextlib.suppress(FileNotFoundError):  # delivered: not needed
+                batches.append([entry.epoch, entry.path.read_bytes()])
+        return Dump(msgpack.packb(batches))
+
+    def load_dump(self, blob: Dump, committed: int | None) -> None:
+        """Every entry replaced by the entries of ``blob`` (:meth:`dump`) up to epoch
+        ``committed``, in their order."""
+        self.drop_after(None)
+        for epoch, data in msgpack.unpackb(blob):
+            if _kept(epoch, committed):
+                raw = json.loads(data)
+                columns = tuple((str(n), str(t)) for n, t in raw["columns"])
+                self.append(Batch(int(epoch), columns, raw["rows"]), limit=False)
 
     def remove(self, entries: list[Entry]) -> None:
         for entry in entries:

@@ -8,7 +8,11 @@ committed one to the destination, in order, retrying with back-off while the
 destination is down. A subclass says how records become spool rows
 (:meth:`~SpooledSink._rows_of`), how entries reach the destination
 (:meth:`~SpooledSink._deliver`) and whether it already holds the whole output
-(:meth:`~SpooledSink._already_complete`).
+(:meth:`~SpooledSink._already_complete`). A sink whose destination is on the network
+(:func:`movable`) may move to another peer when its own dies: what it has not
+delivered at a barrier goes with the checkpoint (:meth:`SpooledSink.held`) and seeds
+its spool where it is restored (:meth:`SpooledSink.seed`); what it sends is named by
+app, sink and epoch only, so what went out before is dropped downstream.
 
 ::
 
@@ -44,6 +48,7 @@ __all__ = [
     "DestinationDown",
     "DestinationRefused",
     "SpooledSink",
+    "movable",
     "resumed_epoch",
 ]
 
@@ -64,6 +69,16 @@ class DestinationDown(ExecutionError):
 
 class DestinationRefused(ExecutionError):
     """The destination refused output that it will never take: the app fails."""
+
+
+def movable(spec: SinkSpec) -> bool:
+    """Whether sink ``spec`` may move to another peer when its peer dies: its
+    destination is on the network (mqtt, http, sql to a PostgreSQL server), not in a
+    file of its peer (a file sink, SQLite)."""
+    if spec.connector in ("mqtt", "http"):
+        return True
+    url = str(spec.params.get("url", ""))
+    return spec.connector == "sql" and url.startswith(("postgresql://", "postgres://"))
 
 
 def resumed_epoch(resume: Mapping[str, Any] | None) -> int | None:
@@ -110,6 +125,9 @@ class SpooledSink:
         self.app_id = app_id
         self.instance = instance
         self.checkpointed = checkpointed
+        #: its destination is on the network: it may move, what it holds kept with
+        #: the checkpoint (:meth:`held`)
+        self.movable = movable(spec)
         self.stats = SinkStatistics()
         self.flush_s = int(p.get("flush_ms", 1000)) / 1000.0
         self.spool = Spool(Path(out_dir) / f".{spec.id}.spool", buffer_mb * 1024 * 1024)
@@ -181,7 +199,24 @@ class SpooledSink:
                 await self._put(Batch(epoch, self._columns or (), rows))
             if any(e.open for e in self.spool.entries):
                 await asyncio.to_thread(self._disk, self.spool.seal_open, epoch)
-        return {"epoch": epoch}
+        return {"epoch": epoch, "peer": self.instance}
+
+    async def held(self, epoch: int) -> bytes:
+        """The sealed epochs up to ``epoch`` not yet delivered, as the checkpoint of
+        ``epoch`` keeps them (at most ``buffer_mb``): a sink restored from it on
+        another peer sends them (:meth:`seed`)."""
+        entries = [e for e in self.spool.entries if e.epoch is not None and e.epoch <= epoch]
+        return await asyncio.to_thread(self.spool.dump, entries)
+
+    async def seed(self, blob: bytes, resume: Mapping[str, Any]) -> None:
+        """Restored on a peer other than the one that sealed the committed epoch
+        (``resume``, its checkpoint): what that checkpoint held (:meth:`held`) becomes
+        the spool, so the epochs committed but not delivered go out from here."""
+        if resume.get("peer") in (None, self.instance):
+            return  # the spool on this peer's disk is the newer
+        async with self._lock:
+            await asyncio.to_thread(self._disk, self.spool.load_dump, blob, self.committed)
+        self._wake.set()
 
     def committed_epoch(self, epoch: int) -> None:
         """The app committed ``epoch``: its rows, and those before, may go out."""

@@ -71,7 +71,7 @@ async def test_an_epoch_is_posted_once_it_commits_in_keyed_batches(
 ) -> None:
     sink = sinks(batch_records=2, headers={"X-Site": "plant-3"})
     sink.write(RECORDS)
-    assert await sink.seal(1) == {"epoch": 1}
+    assert await sink.seal(1) == {"epoch": 1, "peer": "p"}
     sink.write([{"k": "d", "n": 4}])
     await sink.seal(2)
     await asyncio.sleep(0.3)

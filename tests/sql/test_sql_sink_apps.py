@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from support.apps import normalise
 from support.postgres import PASSWORD, Postgres
-from support.processes import cli, cli_json, formed_cluster, poll
+from support.processes import cli, poll
+from support.sinksite import EDGE_1, GATEWAY_1, GATEWAY_2, finished, five_peers, status, submit, via
+from support.sinksite import windows as site_windows
 
 from agiledart.app import parse_spec
 from agiledart.emulation import LocalCluster
@@ -26,38 +27,14 @@ from agiledart.local.reference import canonical, reference_outputs
 
 pytestmark = [pytest.mark.processes]
 
-SENSOR_1, SENSOR_2, GATEWAY_1, GATEWAY_2, EDGE_1 = range(5)
 COLUMNS = ("key", "window_start", "window_end", "value", "ts")
 
 
 @pytest.fixture
 def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
     monkeypatch.setenv("AGILEDART_SECRET_PG", PASSWORD)  # the peers inherit it
-    with formed_cluster(tmp_path, 5, ["--workers", "0"]) as cluster:
+    with five_peers(tmp_path) as cluster:
         yield cluster
-
-
-def via(cluster: LocalCluster, i: int) -> str:
-    return "{}:{}".format(*cluster.address(i))
-
-
-def submit(cluster: LocalCluster, spec: dict[str, Any], through: int) -> str:
-    assert cluster.workdir is not None
-    path = cluster.workdir / f"{spec['name']}.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return str(cli_json(cluster, "submit", str(path), "--via", via(cluster, through))["app_id"])
-
-
-def status(cluster: LocalCluster, app_id: str, through: int) -> dict[str, Any]:
-    return dict(cli_json(cluster, "status", app_id, "--via", via(cluster, through)))
-
-
-def finished(cluster: LocalCluster, app_id: str, through: int) -> dict[str, Any]:
-    def done() -> dict[str, Any] | None:
-        s = status(cluster, app_id, through)
-        return s if s["state"] in ("finished", "failed", "stopped") else None
-
-    return dict(poll(done, what=f"{app_id} to end", timeout=180))
 
 
 def committed(cluster: LocalCluster, app_id: str, through: int) -> None:
@@ -71,40 +48,11 @@ def committed(cluster: LocalCluster, app_id: str, through: int) -> None:
     time.sleep(1.5)  # windows pass the sink after that epoch: the failure cuts them off
 
 
-def windows(name: str, sink: dict[str, Any], count: int = 20_000) -> dict[str, Any]:
-    """generator -> keyed 500 ms window (sum) on edge-1 -> sql sink on gateway-1; an
-    epoch every 2 s, so that a failure a second after a commit finds windows emitted
-    since (a sink that wrote them at once would repeat them after the rollback)."""
-    return {
-        "name": name,
-        "checkpoint": {"mode": "erasure", "interval_ms": 2_000, "m": 2, "k": 1},
-        "sources": [
-            {
-                "id": "readings",
-                "peer": "sensor-1",
-                "connector": "generator",
-                "params": {"dataset": "counter", "rate": 2_000, "count": count, "keys": 16},
-            }
-        ],
-        "operators": [
-            {
-                "id": "per_key",
-                "op": "window",
-                "params": {"size_ms": 500, "key": "key", "aggregate": "sum", "field": "seq"},
-                "inputs": ["readings"],
-                "peer": "edge-1",
-            }
-        ],
-        "sinks": [
-            {
-                "id": "out",
-                "peer": "gateway-1",
-                "connector": "sql",
-                "params": sink,
-                "inputs": ["per_key"],
-            },
-        ],
-    }
+def windows(name: str, sink: dict[str, Any]) -> dict[str, Any]:
+    """The site's app (20,000 records) into an sql sink on gateway-1; an epoch every
+    2 s, so that a failure a second after a commit finds windows emitted since (a
+    sink that wrote them at once would repeat them after the rollback)."""
+    return site_windows(name, "sql", sink, count=20_000, interval_ms=2_000)
 
 
 def check_table(spec_raw: dict[str, Any], got: list[tuple[Any, ...]]) -> None:

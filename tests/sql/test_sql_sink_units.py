@@ -21,9 +21,12 @@ from agiledart.app.spec import SinkSpec
 from agiledart.cli.apps import _print_status
 from agiledart.runtime.confine import DataPolicy, EnvNotAllowed, PathNotAllowed
 from agiledart.runtime.connectors import open_sink
+from agiledart.runtime.epochs import Epochs
+from agiledart.runtime.recovery import holders_of
 from agiledart.runtime.sinks import connection_of as _connection_of
 from agiledart.runtime.sql import SqlSink
 from agiledart.runtime.sql.db import FINAL_EPOCH, Batch, Database, Target
+from agiledart.runtime.twophase import movable
 
 Open = Callable[..., SqlSink]
 
@@ -76,7 +79,7 @@ async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
 async def test_an_epoch_goes_out_only_once_it_commits(sinks: Open, tmp_path: Path) -> None:
     sink = sinks()
     sink.write([{"k": "a", "n": 1}, {"k": "b", "n": 2}])
-    assert await sink.seal(1) == {"epoch": 1}
+    assert await sink.seal(1) == {"epoch": 1, "peer": "p"}
     sink.write([{"k": "c", "n": 3}])
     await sink.seal(2)
     await asyncio.sleep(0.3)
@@ -325,3 +328,80 @@ async def test_status_shows_what_waits_and_what_a_full_buffer_dropped(
     assert "retrying since" in line
     assert "800 rows wait on disk" in line
     assert "1 batches dropped (buffer full)" in line
+
+
+async def test_what_a_checkpoint_held_goes_out_from_another_peer(tmp_path: Path) -> None:
+    """Epochs 1 and 2 sealed on peer p, 1 delivered, 2 committed but not sent when p
+    dies: the checkpoint of epoch 2 holds epoch 2 only (and never what came after),
+    and a sink restored from it on peer q (an empty disk) sends it. Restored on p
+    itself, the sink keeps its own spool."""
+    spec = spec_of(url=f"sqlite:///{tmp_path / 'shared.db'}")
+    (tmp_path / "p").mkdir()
+    (tmp_path / "q").mkdir()
+
+    def open_(peer: str, resume: dict[str, Any] | None = None) -> SqlSink:
+        return SqlSink(
+            spec, app_id="app1", instance=peer, out_dir=tmp_path / peer,
+            checkpointed=True, resume=resume,
+        )  # fmt: skip
+
+    first = open_("p")
+    run = asyncio.create_task(first.run())
+    first.write([{"k": "a", "n": 1}])
+    await first.seal(1)
+    first.committed_epoch(1)
+    await until(lambda: first.stats.records == 1)
+    first.write([{"k": "b", "n": 2}])
+    resume = await first.seal(2)
+    first.write([{"k": "c", "n": 3}])  # after barrier 2: replayed, never in its state
+    await first._spill(pending=True)
+    held = await first.held(2)
+    first.close()
+    run.cancel()
+    await asyncio.gather(run, return_exceptions=True)
+    assert resume == {"epoch": 2, "peer": "p"}
+
+    moved = open_("q", resume)
+    await moved.seed(held, resume)
+    assert moved.buffered()["buffered_rows"] == 1
+    moved.write([{"k": "c", "n": 3}])  # the replay after epoch 2
+    run = asyncio.create_task(moved.run())
+    await moved.drain()
+    moved.close()
+    await asyncio.gather(run, return_exceptions=True)
+    assert rows(tmp_path / "shared.db") == [("a", 1), ("b", 2), ("c", 3)]
+
+    same = open_("p", resume)  # p's own spool is the newer: nothing from the blob
+    await same.seed(held, resume)
+    assert same.buffered()["buffered_rows"] == 1  # epoch 2, from p's disk
+    same.close()
+
+
+def test_network_sinks_move_and_file_writing_ones_stay() -> None:
+    def sink(connector: str, **params: Any) -> SinkSpec:
+        return SinkSpec(id="k", peer="p", connector=connector, inputs=("x",), params=params)
+
+    assert movable(sink("sql", url="postgresql://u@127.0.0.1:5432/db", table="t"))
+    assert movable(sink("http", url="http://127.0.0.1/in"))
+    assert movable(sink("mqtt", broker="127.0.0.1:1883", topic="t"))
+    assert not movable(sink("sql", table="t"))  # SQLite under the peer's data root
+    assert not movable(sink("sql", url="sqlite:///x.db", table="t"))
+    assert not movable(sink("file", path="out.jsonl"))
+
+
+def test_what_a_network_sink_stored_counts_in_the_checkpoint_and_its_holders() -> None:
+    """The commit's ``bytes`` add what the sink stored to the states', and its holders
+    are among those told to drop older fragments."""
+    epochs = Epochs()
+    epochs.cut(None, generation=0, now=0.0)
+    pending = epochs.pending
+    assert pending is not None
+    kept = {"instance": "out@p", "holders": [["h", ["10.0.0.7", 7]]], "m": 1, "k": 0}
+    commit = {"epoch": 1, "peer": "p", "state": {**kept, "bytes": 12, "seconds": 0.1}}
+    pending.note({"kind": "sink", "id": "out", "commit": commit})
+    state = {"peer": "q", "ops": ["c"], "instance": "c@q", "holders": [["g", ["10.0.0.8", 8]]]}
+    pending.note({"kind": "state", **state, "m": 1, "k": 0, "bytes": 30, "seconds": 0.2})
+    committed = epochs.commit(set(), now=1.0, at=1.0)
+    assert committed["bytes"] == 42
+    assert committed["sinks"] == {"out": commit}
+    assert holders_of(committed) == {("10.0.0.7", 7), ("10.0.0.8", 8)}

@@ -23,8 +23,12 @@ from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
+from paho.mqtt.properties import Properties
 
-__all__ = ["Broker", "Subscriber", "mosquitto_binary"]
+__all__ = ["ID", "Broker", "Consumer", "Subscriber", "mosquitto_binary"]
+
+#: the MQTT 5 user property carrying an exactly-once mqtt sink's message ids
+ID = "agiledart-id"
 
 
 def mosquitto_binary() -> str:
@@ -191,3 +195,67 @@ class Subscriber:
 
     def records(self) -> list[dict[str, Any]]:
         return [json.loads(p) for _, p in self.received()]
+
+
+class Consumer:
+    """A paho MQTT 5 client on its own thread, with a session the broker keeps (it
+    queues what comes while the consumer is away): every message with its user
+    properties."""
+
+    def __init__(self, broker: Broker, topic_filter: str) -> None:
+        self.topic_filter = topic_filter
+        self.messages: list[tuple[str, bytes, dict[str, str]]] = []
+        self._lock = threading.Lock()
+        self._subscribed = threading.Event()
+        self.client = paho.Client(
+            paho.CallbackAPIVersion.VERSION2,
+            client_id=f"epoch-consumer-{broker.port}",
+            protocol=paho.MQTTv5,
+        )
+        self.client.reconnect_delay_set(min_delay=1, max_delay=1)
+        self.client.on_connect = self._on_connect
+        self.client.on_subscribe = lambda *_: self._subscribed.set()
+        self.client.on_message = self._on_message
+        self.port = broker.port
+
+    def _on_connect(self, client: paho.Client, *_: Any) -> None:
+        client.subscribe(self.topic_filter, qos=1)
+
+    def _on_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:
+        props: Properties | None = getattr(msg, "properties", None)
+        user = dict(getattr(props, "UserProperty", []) or [])
+        with self._lock:
+            self.messages.append((msg.topic, bytes(msg.payload), user))
+
+    def __enter__(self) -> Consumer:
+        props = Properties(paho.PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        props.SessionExpiryInterval = 3600
+        self.client.connect(
+            "127.0.0.1", self.port, keepalive=10, clean_start=False, properties=props
+        )
+        self.client.loop_start()
+        assert self._subscribed.wait(20), "the consumer got no SUBACK"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+    def deduplicated(self) -> tuple[list[dict[str, Any]], int]:
+        """The records of the messages whose id is new, in arrival order, and how many
+        repeats were dropped; every message must carry its id, in both places."""
+        with self._lock:
+            messages = list(self.messages)
+        seen: set[str] = set()
+        kept, repeats = [], 0
+        for topic, payload, props in messages:
+            record = json.loads(payload)
+            assert ID in props, f"a message on {topic} without its {ID!r}"
+            assert record.pop("agiledart_id") == props[ID]
+            assert topic == f"out/{record['key']}"
+            if props[ID] in seen:
+                repeats += 1
+                continue
+            seen.add(props[ID])
+            kept.append(record)
+        return kept, repeats

@@ -65,7 +65,9 @@ def token_of(env: str, *, param: str = "token_env") -> str:
 
 def idempotency_key(app: str, sink: str, instance: str, epoch: int | str, batch: int) -> str:
     """A batch's ``Idempotency-Key``: the same for the same batch of the same epoch,
-    however often it is sent (``final``: the records after the last checkpoint)."""
+    however often it is sent, and from whichever peer (``instance`` is the peer the
+    spec names, not the one the sink moved to; ``final``: the records after the last
+    checkpoint)."""
     tag = "final" if epoch == FINAL_EPOCH else str(epoch)
     return f"{app}/{sink}/{instance}/{tag}/{batch}"
 
@@ -89,6 +91,7 @@ class HttpSink(SpooledSink):
     ) -> None:
         p = spec.params
         self.url = str(p["url"])
+        self.home = spec.peer  #: in the keys: a sink that moved sends the same ones
         headers = {str(k): str(v) for k, v in dict(p.get("headers", {})).items()}
         env = p.get("token_env")
         if env is not None:
@@ -131,7 +134,7 @@ class HttpSink(SpooledSink):
             tag = f"{self._run}-{group[0][0].seq}" if epoch is None else epoch
             records = [r for _, b in group for r in b.rows]
             for n, i in enumerate(range(0, len(records), self.batch_records)):
-                key = idempotency_key(self.app_id, self.id, self.instance, tag, n)
+                key = idempotency_key(self.app_id, self.id, self.home, tag, n)
                 await self._post(records[i : i + self.batch_records], key)
             sent += len(records)
         if final:

@@ -5,9 +5,11 @@ through a failure). With checkpoints an :class:`MqttEpochSink` is a two-phase si
 (:mod:`agiledart.runtime.twophase`, Flink's model): an epoch's messages are spooled
 on the sink's peer's disk at its barrier and published only after the epoch commits,
 in order, QoS 1, each acknowledged before the spool lets it go; while the broker is
-down they wait on disk (``buffer_mb``). A message published again (the sink's peer
-restarted mid-epoch, a QoS 1 redelivery) carries the same id, ``<app>/<sink>/<epoch>/<n>``
-(:func:`message_id`), as the MQTT 5 user property ``agiledart-id`` and, with
+down they wait on disk (``buffer_mb``), and with each checkpoint on leaf-set peers, so
+the sink moves to another peer when its own dies for good. A message published
+again (the sink's peer restarted mid-epoch or died, a QoS 1 redelivery) carries the
+same id, ``<app>/<sink>/<epoch>/<n>`` (:func:`message_id`), as the MQTT 5 user
+property ``agiledart-id`` and, with
 ``id_in_payload``, as the payload's ``agiledart_id`` field: a consumer that drops
 repeated ids sees every result exactly once.
 """

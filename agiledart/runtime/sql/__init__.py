@@ -17,8 +17,13 @@ as rows of the open epoch, which its seal renames (so a long epoch fills no memo
 The epochs' entries go out in one transaction per epoch.
 
 *Recovery.* A restore from committed epoch R keeps the spooled epochs up to R (they
-go out) and forgets the later ones (the replay makes them again); a sink's peer is
-pinned and its spool outlives the peer's restart. *The end.* When every input has
+go out) and forgets the later ones (the replay makes them again); the spool outlives
+the peer's restart. A PostgreSQL sink whose peer dies for good moves to another peer
+(:mod:`agiledart.runtime.failover`): at each barrier E it stores the sealed epochs up
+to E not yet sent with the checkpoint (fragments on leaf-set peers), and restored
+elsewhere from R it makes them its spool (:meth:`~agiledart.runtime.twophase.SpooledSink.seed`)
+and sends them; the bookkeeping table skips those that went out before. A SQLite sink
+stays on its peer (its database is that peer's file). *The end.* When every input has
 ended, the rows after the last barrier and whatever still waits go out in one
 transaction that also records the sink's whole output as done (``FINAL_EPOCH``); a
 later replay (another peer's failure before the app finished) then writes nothing.
