@@ -1,8 +1,9 @@
 """``agiledart analyze --master spark://...`` on a real standalone cluster (a master and
-two 1-core workers started from pyspark's ``bin/spark-class`` on loopback): the same
-tables as ``local[2]``, every section over more than one partition, and a run whose
+two 1-core workers started from pyspark's ``bin/spark-class`` on loopback) whose
 executors are given Spark's smallest memories (512 MB of JVM heap, 512 MB of address
-space per Python worker) that still completes with the right latency figures."""
+space per Python worker): it completes, with the same tables as ``local[2]``, every
+section over more than one partition, and the latency figures of plain Python. One run
+of the command serves both tests (each run costs a driver's and two executors' JVMs)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,8 @@ from .traces import percentile_fits, read_csv
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(900)]
 
 BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench_analyze.py"
-#: few enough tuples per app that every percentile has an exact rank on both sides
-ROWS = 20_000
-SMALL_EXECUTOR_ROWS = 200_000
+#: 90,000 tuples over 8 peers' files: every section's scans span several partitions
+ROWS = 200_000
 SMALL = {"spark.executor.memory": "512m", "spark.executor.pyspark.memory": "512m"}
 
 
@@ -86,24 +86,34 @@ def _same(a: str, b: str) -> bool:
     return x == y
 
 
+@pytest.fixture(scope="module")
+def small_run(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, Path]:
+    """One analysis on the cluster with Spark's smallest executors, which both tests
+    read (a run of the command costs a driver's and two executors' JVMs and every
+    section's queries): the traces, their lines, and the report's folder."""
+    work = tmp_path_factory.mktemp("small")
+    traces = work / "traces"
+    lines = _write_traces(traces, ROWS)
+    _analyze_on(cluster, traces, work / "cluster", SMALL)
+    return traces, lines, work / "cluster"
+
+
 def test_a_standalone_cluster_computes_the_tables_of_local_mode(
-    cluster: Cluster, spark: Any, tmp_path: Path
+    small_run: tuple[Path, int, Path], spark: Any, tmp_path: Path
 ) -> None:
-    traces = tmp_path / "traces"
-    _write_traces(traces, ROWS)
+    traces, _, cluster_out = small_run
     local = analyze(traces, tmp_path / "local", spark=spark)
-    _analyze_on(cluster, traces, tmp_path / "cluster", {"spark.executor.memory": "512m"})
     tables = sorted(p.name for p in (tmp_path / "local" / "tables").glob("*.csv"))
-    assert tables == sorted(p.name for p in (tmp_path / "cluster" / "tables").glob("*.csv"))
+    assert tables == sorted(p.name for p in (cluster_out / "tables").glob("*.csv"))
     assert len(tables) >= 25
     for name in tables:
         mine = read_csv(tmp_path / "local" / "tables" / name)
-        theirs = read_csv(tmp_path / "cluster" / "tables" / name)
+        theirs = read_csv(cluster_out / "tables" / name)
         assert len(mine) == len(theirs), name
         for row, other in zip(mine, theirs, strict=True):
             assert row.keys() == other.keys(), name
             assert all(_same(row[k], other[k]) for k in row), (name, row, other)
-    summary = json.loads((tmp_path / "cluster" / "summary.json").read_text())
+    summary = json.loads((cluster_out / "summary.json").read_text())
     assert set(summary["section_tasks"]) == set(local.tasks)
     assert all(n > 1 for n in summary["section_tasks"].values())
     assert set(local.tasks) == {s.key for s in local.sections if not s.empty} - {
@@ -111,16 +121,13 @@ def test_a_standalone_cluster_computes_the_tables_of_local_mode(
         "malformed",
     }
     assert local.single_task_sections == 0
-    assert not (tmp_path / "cluster" / ".records").exists()
+    assert not (cluster_out / ".records").exists()
 
 
 def test_small_executors_complete_the_analysis_over_partitions(
-    cluster: Cluster, tmp_path: Path
+    small_run: tuple[Path, int, Path],
 ) -> None:
-    traces = tmp_path / "traces"
-    lines = _write_traces(traces, SMALL_EXECUTOR_ROWS)
-    out = tmp_path / "out"
-    _analyze_on(cluster, traces, out, SMALL)
+    traces, lines, out = small_run
     latencies: dict[str, list[float]] = defaultdict(list)
     for path in traces.rglob("*.ndjson"):
         with path.open() as fh:
