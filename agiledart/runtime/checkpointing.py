@@ -19,11 +19,27 @@ from agiledart.runtime.links import Address
 from agiledart.runtime.recovery import holders_of
 
 if TYPE_CHECKING:
+    from agiledart.app.spec import AppSpec
     from agiledart.runtime.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Checkpointer"]
+#: the sinks that send an epoch's output once it commits
+TWO_PHASE = ("sql", "http", "mqtt")
+#: the sources whose log keeps what came after the last committed epoch
+LOGGED = ("mqtt", "http")
+
+__all__ = ["Checkpointer", "told_of_commits"]
+
+
+def told_of_commits(spec: AppSpec, rec: AppRecord) -> set[str]:
+    """The peers told when an epoch of ``rec`` commits: those of its two-phase sinks
+    (sql, http, mqtt: they send the epoch's output now) and of its logged sources (mqtt,
+    http: their logs let go of what the epoch covers, and an mqtt source's held
+    acknowledgements go to the broker; without the news they would wait for ever)."""
+    sinks = {rec.sinks.get(k.id, k.peer) for k in spec.sinks if k.connector in TWO_PHASE}
+    sources = {rec.sources.get(s.id, s.peer) for s in spec.sources if s.connector in LOGGED}
+    return sinks | sources
 
 
 class Checkpointer:
@@ -166,13 +182,8 @@ class Checkpointer:
         # until then a peer adopting the app reads the older commit and restores from it
         if not saved:
             return
-        # two-phase sinks (sql, http) send the epoch's output now that it is committed
         done = {"app_id": rec.app_id, "epoch": pending.epoch, "generation": rec.generation}
-        waiting = {
-            rec.sinks.get(k.id, k.peer)
-            for k in self.s.spec_of(app.record).sinks
-            if k.connector in ("sql", "http", "mqtt")
-        }
+        waiting = told_of_commits(self.s.spec_of(app.record), rec)
         for peer in sorted(waiting & set(rec.addresses)):
             self.s.tasks.spawn(self.s.hosts.quiet(rec.address_of(peer), "app_committed", done))
         body = {"app": rec.app_id, "below": pending.epoch}

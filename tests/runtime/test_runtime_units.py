@@ -4,6 +4,7 @@ app records."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from agiledart.app import AppSpec, parse_spec
 from agiledart.app.errors import ExecutionError, SpecError
 from agiledart.runtime.appstate import AppRecord
 from agiledart.runtime.appstatus import merged_operator, status_view
+from agiledart.runtime.checkpointing import told_of_commits
 from agiledart.runtime.code import Bundle, CodeStore, code_id_of, code_ids_in
 from agiledart.runtime.deployment import Deployment
 from agiledart.runtime.errors import CodeError, StoreError, UnknownApp
@@ -524,6 +526,56 @@ def test_an_operators_statistics_merge_counters_and_keep_the_busiest_measures() 
     assert merged["utilization"] == 0.8
     assert merged["health"] == 0.4
     assert merged["recent_errors"] == [error]
+
+
+def test_commits_are_told_to_logged_sources_and_two_phase_sinks_wherever_they_run() -> None:
+    """An mqtt source holds its PUBACKs until an epoch commits: a source whose peer ran
+    no two-phase sink never heard of commits, and ingest stopped at 65,535 messages."""
+    spec = parse_spec(
+        {
+            "name": "t",
+            "checkpoint": {"mode": "erasure"},
+            "sources": [
+                {
+                    "id": "in",
+                    "peer": "sensor-1",
+                    "connector": "mqtt",
+                    "params": {"qos": 1, "topic": "t/#"},
+                },
+                {
+                    "id": "hook",
+                    "peer": "sensor-2",
+                    "connector": "http",
+                    "params": {"port": 8080, "token_env": "T"},
+                },
+                {
+                    "id": "gen",
+                    "peer": "edge-3",
+                    "connector": "generator",
+                    "params": {"dataset": "urban", "rate": 10, "count": 10},
+                },
+            ],
+            "sinks": [
+                {
+                    "id": "db",
+                    "peer": "gateway-1",
+                    "connector": "sql",
+                    "params": {"table": "t"},
+                    "inputs": ["in"],
+                },
+                {
+                    "id": "file",
+                    "peer": "gateway-2",
+                    "connector": "file",
+                    "params": {"path": "out.jsonl"},
+                    "inputs": ["hook", "gen"],
+                },
+            ],
+        }
+    )
+    rec = dataclasses.replace(RECORD, sources={"in": "edge-1", "hook": "sensor-2"})
+    rec.sinks = {"db": "edge-2", "file": "gateway-2"}  # "in" and "db" moved
+    assert told_of_commits(spec, rec) == {"edge-1", "sensor-2", "edge-2"}
 
 
 def test_status_of_an_app_without_statistics_has_zero_totals() -> None:
