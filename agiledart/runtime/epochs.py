@@ -208,10 +208,12 @@ class Epochs:
             for r in pending.states.values()
         ]
         self.unsaved_holders.update(old_holders)
+        replay = {sid: r["replay"] for sid, r in pending.sources.items() if r.get("replay")}
         return {
             "epoch": pending.epoch,
             "sources": {sid: int(r.get("offset", 0)) for sid, r in pending.sources.items()},
-            "replay": {sid: r["replay"] for sid, r in pending.sources.items() if r.get("replay")},
+            # the packet ids a moved mqtt source drops: only apps that have such sources
+            **({"replay": replay} if replay else {}),
             "sinks": {sid: r.get("commit") for sid, r in pending.sinks.items()},
             "states": states,
             "bytes": sum(int(r["bytes"]) for r in [*states, *_sink_states(pending.sinks)]),
