@@ -81,20 +81,21 @@ def _rtt_ms(text: str) -> float:
     return value
 
 
-def _checkpoint_rate(text: str) -> float:
-    value = _non_negative_float(text)
-    if not 0 < value < float("inf"):
-        msg = f"expected a number of epochs per second > 0, got {text!r}"
-        raise argparse.ArgumentTypeError(msg)
-    return value
+def _finite_positive(what: str) -> Callable[[str], float]:
+    """An argument type: a finite number > 0 of ``what``."""
+
+    def parse(text: str) -> float:
+        value = _non_negative_float(text)
+        if not 0 < value < float("inf"):
+            msg = f"expected a number of {what} > 0, got {text!r}"
+            raise argparse.ArgumentTypeError(msg)
+        return value
+
+    return parse
 
 
-def _positive_seconds(text: str) -> float:
-    value = _non_negative_float(text)
-    if not 0 < value < float("inf"):
-        msg = f"expected a number of seconds > 0, got {text!r}"
-        raise argparse.ArgumentTypeError(msg)
-    return value
+_checkpoint_rate = _finite_positive("epochs per second")
+_positive_seconds = _finite_positive("seconds")
 
 
 def _positive(text: str) -> int:
