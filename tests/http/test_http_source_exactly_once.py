@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from support.apps import normalise, read_jsonl
-from support.processes import cli_json, formed_cluster, free_port, poll
+from support.processes import free_port, poll
+from support.sinksite import EDGE_1, SENSOR_1, counted, five_peers, status, submit
 
 from agiledart.app import parse_spec
 from agiledart.emulation import LocalCluster
@@ -35,7 +35,6 @@ from agiledart.local.reference import canonical, reference_outputs
 
 pytestmark = [pytest.mark.processes]
 
-SENSOR_1, SENSOR_2, GATEWAY_1, GATEWAY_2, EDGE_1 = range(5)
 TOKEN = "webhook-t0ken"
 KEYS = 8
 COUNT = 3000
@@ -45,7 +44,7 @@ PER_REQUEST = 25
 @pytest.fixture
 def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
     monkeypatch.setenv("AGILEDART_SECRET_WEBHOOK", TOKEN)  # the peers inherit it
-    with formed_cluster(tmp_path, 5, ["--workers", "0"]) as cluster:
+    with five_peers(tmp_path) as cluster:
         yield cluster
 
 
@@ -108,49 +107,16 @@ class Device:
 
 
 def counting(name: str, port: int) -> dict[str, Any]:
-    return {
-        "name": name,
-        "checkpoint": {"mode": "erasure", "interval_ms": 800, "m": 2, "k": 1},
-        "sources": [
-            {
-                "id": "readings",
-                "peer": "sensor-1",
-                "connector": "http",
-                "params": {
-                    "port": port,
-                    "path": "/readings",
-                    "token_env": "AGILEDART_SECRET_WEBHOOK",
-                    "count": COUNT,
-                },
-            }
-        ],
-        "operators": [
-            {
-                "id": "counts",
-                "op": "aggregate",
-                "params": {"key": "key", "aggregate": "count"},
-                "inputs": ["readings"],
-                "peer": "edge-1",
-            }
-        ],
-        "sinks": [
-            {
-                "id": "out",
-                "peer": "gateway-1",
-                "connector": "file",
-                "params": {"path": f"{name}.jsonl"},
-                "inputs": ["counts"],
-            }
-        ],
-    }
-
-
-def via(cluster: LocalCluster) -> list[str]:
-    return ["--via", "{}:{}".format(*cluster.address(GATEWAY_2))]
-
-
-def status(cluster: LocalCluster, app_id: str) -> dict[str, Any]:
-    return dict(cli_json(cluster, "status", app_id, *via(cluster)))
+    return counted(
+        name,
+        "http",
+        {
+            "port": port,
+            "path": "/readings",
+            "token_env": "AGILEDART_SECRET_WEBHOOK",
+            "count": COUNT,
+        },
+    )
 
 
 @pytest.mark.timeout(180)
@@ -160,10 +126,7 @@ def test_a_peer_fails_mid_run_and_every_posted_reading_counts_once(
 ) -> None:
     port = free_port()
     spec_raw = counting(f"webhook-{fault}", port)
-    assert site.workdir is not None
-    path = site.workdir / f"{spec_raw['name']}.yaml"
-    path.write_text(yaml.safe_dump(spec_raw))
-    app_id = str(cli_json(site, "submit", str(path), *via(site))["app_id"])
+    app_id = submit(site, spec_raw)
     device = Device(f"http://127.0.0.1:{port}/readings")
     device.start(rate=500)  # 6 s: on through the failure and the restore
 

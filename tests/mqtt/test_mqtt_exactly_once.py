@@ -24,10 +24,10 @@ from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
-import yaml
 from support.apps import normalise, read_jsonl
 from support.mqtt import Broker
-from support.processes import cli_json, formed_cluster, poll
+from support.processes import poll
+from support.sinksite import EDGE_1, SENSOR_1, counted, five_peers, status, submit
 
 from agiledart.app import parse_spec
 from agiledart.emulation import LocalCluster
@@ -35,13 +35,12 @@ from agiledart.local.reference import canonical, reference_outputs
 
 pytestmark = [pytest.mark.processes]
 
-SENSOR_1, SENSOR_2, GATEWAY_1, GATEWAY_2, EDGE_1 = range(5)
 KEYS = 8
 
 
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[LocalCluster]:
-    with formed_cluster(tmp_path, 5, ["--workers", "0"]) as cluster:
+    with five_peers(tmp_path) as cluster:
         yield cluster
 
 
@@ -105,56 +104,16 @@ class Publisher:
 
 
 def counting(broker: Broker, name: str, count: int) -> dict[str, Any]:
-    return {
-        "name": name,
-        "checkpoint": {"mode": "erasure", "interval_ms": 800, "m": 2, "k": 1},
-        "sources": [
-            {
-                "id": "readings",
-                "peer": "sensor-1",
-                "connector": "mqtt",
-                "params": {
-                    "broker": broker.address,
-                    "topic": "plant/+/count",
-                    "qos": 1,
-                    "count": count,
-                },
-            }
-        ],
-        "operators": [
-            {
-                "id": "counts",
-                "op": "aggregate",
-                "params": {"key": "key", "aggregate": "count"},
-                "inputs": ["readings"],
-                "peer": "edge-1",
-            }
-        ],
-        "sinks": [
-            {
-                "id": "out",
-                "peer": "gateway-1",
-                "connector": "file",
-                "params": {"path": f"{name}.jsonl"},
-                "inputs": ["counts"],
-            }
-        ],
-    }
-
-
-def via(cluster: LocalCluster) -> list[str]:
-    return ["--via", "{}:{}".format(*cluster.address(GATEWAY_2))]
-
-
-def submit(cluster: LocalCluster, spec: dict[str, Any]) -> str:
-    assert cluster.workdir is not None
-    path = cluster.workdir / f"{spec['name']}.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return str(cli_json(cluster, "submit", str(path), *via(cluster))["app_id"])
-
-
-def status(cluster: LocalCluster, app_id: str) -> dict[str, Any]:
-    return dict(cli_json(cluster, "status", app_id, *via(cluster)))
+    return counted(
+        name,
+        "mqtt",
+        {
+            "broker": broker.address,
+            "topic": "plant/+/count",
+            "qos": 1,
+            "count": count,
+        },
+    )
 
 
 def subscribed(cluster: LocalCluster, app_id: str) -> bool:

@@ -25,6 +25,7 @@ __all__ = [
     "GATEWAY_2",
     "SENSOR_1",
     "SENSOR_2",
+    "counted",
     "finished",
     "five_peers",
     "status",
@@ -75,8 +76,9 @@ def windows(
     *,
     count: int = 12_000,
     interval_ms: int = 1_000,
+    rate: int = 2_000,
 ) -> dict[str, Any]:
-    """generator (2,000 records/s, 16 keys) on sensor-1 -> keyed 500 ms window (sum)
+    """generator (``rate`` records/s, 16 keys) on sensor-1 -> keyed 500 ms window (sum)
     on edge-1 -> sink ``out`` (``connector`` with ``params``) on gateway-1; an epoch
     every ``interval_ms``."""
     return {
@@ -87,7 +89,7 @@ def windows(
                 "id": "readings",
                 "peer": "sensor-1",
                 "connector": "generator",
-                "params": {"dataset": "counter", "rate": 2_000, "count": count, "keys": 16},
+                "params": {"dataset": "counter", "rate": rate, "count": count, "keys": 16},
             }
         ],
         "operators": [
@@ -107,5 +109,35 @@ def windows(
                 "params": params,
                 "inputs": ["per_key"],
             },
+        ],
+    }
+
+
+def counted(name: str, connector: str, params: dict[str, Any]) -> dict[str, Any]:
+    """source ``readings`` (``connector`` with ``params``) on sensor-1 -> a keyed
+    running count on edge-1 -> file sink ``out`` on gateway-1; an epoch every 800 ms."""
+    return {
+        "name": name,
+        "checkpoint": {"mode": "erasure", "interval_ms": 800, "m": 2, "k": 1},
+        "sources": [
+            {"id": "readings", "peer": "sensor-1", "connector": connector, "params": params}
+        ],
+        "operators": [
+            {
+                "id": "counts",
+                "op": "aggregate",
+                "params": {"key": "key", "aggregate": "count"},
+                "inputs": ["readings"],
+                "peer": "edge-1",
+            }
+        ],
+        "sinks": [
+            {
+                "id": "out",
+                "peer": "gateway-1",
+                "connector": "file",
+                "params": {"path": f"{name}.jsonl"},
+                "inputs": ["counts"],
+            }
         ],
     }

@@ -16,22 +16,18 @@ in ``status``, a warning in its peer's log), never silent.
 
 from __future__ import annotations
 
-import json
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import paho.mqtt.client as paho
 import pytest
-import yaml
-from paho.mqtt.properties import Properties
 from support.apps import normalise
-from support.mqtt import Broker, mosquitto_binary
-from support.postgres import PASSWORD, Postgres, remove, start_postgres
-from support.processes import cli, cli_json, formed_cluster, free_port, poll
+from support.mqtt import Broker, Consumer, mosquitto_binary
+from support.postgres import PASSWORD, Postgres
+from support.processes import cli, free_port, poll
+from support.sinksite import GATEWAY_2, finished, five_peers, status, submit, via, windows
 from support.webhook import Receiver, running_receiver
 
 from agiledart.app import parse_spec
@@ -40,11 +36,9 @@ from agiledart.local.reference import canonical, reference_outputs
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow, pytest.mark.timeout(300)]
 
-SENSOR_1, SENSOR_2, GATEWAY_1, GATEWAY_2, EDGE_1 = range(5)
 OUTAGE_S = 30.0
 RATE = 1_000  #: readings a second: they flow through the whole outage
 COUNT = 48_000
-ID = "agiledart-id"
 COLUMNS = ("key", "window_start", "window_end", "value", "ts")
 PG_ENV = "AGILEDART_SECRET_PG"
 #: the sinks that must lose nothing, and the one whose buffer overflows
@@ -54,68 +48,6 @@ SMALL = "raw_mqtt"
 #: readings: the outage's overflow it, the epochs waiting for a commit do not (a longer
 #: topic overflowed them too on a loaded machine, epochs committing seconds apart)
 RAW_TOPIC = "raw/{key}"
-
-
-class Consumer:
-    """A paho MQTT 5 client with a session the broker keeps through its restart: every
-    message on ``out/#`` with its ``agiledart-id``."""
-
-    def __init__(self, broker: Broker) -> None:
-        self.messages: list[tuple[bytes, str | None]] = []
-        self._lock = threading.Lock()
-        self._subscribed = threading.Event()
-        self.client = paho.Client(
-            paho.CallbackAPIVersion.VERSION2,
-            client_id=f"outage-consumer-{broker.port}",
-            protocol=paho.MQTTv5,
-        )
-        self.client.reconnect_delay_set(min_delay=1, max_delay=1)
-        self.client.on_connect = lambda client, *_: client.subscribe("out/#", qos=1)
-        self.client.on_subscribe = lambda *_: self._subscribed.set()
-        self.client.on_message = self._on_message
-        self.port = broker.port
-
-    def _on_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:
-        props: Properties | None = getattr(msg, "properties", None)
-        user = dict(getattr(props, "UserProperty", []) or [])
-        with self._lock:
-            self.messages.append((bytes(msg.payload), user.get(ID)))
-
-    def __enter__(self) -> Consumer:
-        props = Properties(paho.PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-        props.SessionExpiryInterval = 3600
-        self.client.connect(
-            "127.0.0.1", self.port, keepalive=10, clean_start=False, properties=props
-        )
-        self.client.loop_start()
-        assert self._subscribed.wait(20), "the consumer got no SUBACK"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-
-    def deduplicated(self) -> list[dict[str, Any]]:
-        """The records of the messages whose id is new, in arrival order."""
-        with self._lock:
-            messages = list(self.messages)
-        seen: set[str] = set()
-        kept = []
-        for payload, mid in messages:
-            assert mid is not None, "a message without its id"
-            if mid not in seen:
-                seen.add(mid)
-                kept.append(json.loads(payload))
-        return kept
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[Postgres]:
-    pg = start_postgres()
-    try:
-        yield pg
-    finally:
-        remove(pg)
 
 
 @pytest.fixture
@@ -139,16 +71,8 @@ def receiver() -> Iterator[Receiver]:
 @pytest.fixture
 def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
     monkeypatch.setenv(PG_ENV, PASSWORD)  # the peers inherit it
-    with formed_cluster(tmp_path / "site", 5, ["--workers", "0"]) as cluster:
+    with five_peers(tmp_path / "site") as cluster:
         yield cluster
-
-
-def via(cluster: LocalCluster) -> str:
-    return "{}:{}".format(*cluster.address(GATEWAY_2))
-
-
-def status(cluster: LocalCluster, app_id: str) -> dict[str, Any]:
-    return dict(cli_json(cluster, "status", app_id, "--via", via(cluster)))
 
 
 def sinks_of(s: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -166,33 +90,15 @@ def fanned_out(broker: Broker, pg_url: str, url: str) -> dict[str, Any]:
 
     mqtt = {"broker": broker.address, "delivery": "exactly-once"}
     sql = {"url": pg_url, "password_env": PG_ENV, "table": "windows"}
-    return {
-        "name": "outage",
-        "checkpoint": {"mode": "erasure", "interval_ms": 1_000, "m": 2, "k": 1},
-        "sources": [
-            {
-                "id": "readings",
-                "peer": "sensor-1",
-                "connector": "generator",
-                "params": {"dataset": "counter", "rate": RATE, "count": COUNT, "keys": 16},
-            }
-        ],
-        "operators": [
-            {
-                "id": "per_key",
-                "op": "window",
-                "params": {"size_ms": 500, "key": "key", "aggregate": "sum", "field": "seq"},
-                "inputs": ["readings"],
-                "peer": "edge-1",
-            }
-        ],
-        "sinks": [
-            sink("to_mqtt", "mqtt", {**mqtt, "topic": "out/{key}"}, "per_key"),
-            sink("to_sql", "sql", sql, "per_key"),
-            sink("to_http", "http", {"url": url, "batch_records": 7}, "per_key"),
-            sink(SMALL, "mqtt", {**mqtt, "topic": RAW_TOPIC, "buffer_mb": 1}, "readings"),
-        ],
-    }
+    spec = windows("outage", "mqtt", {}, count=COUNT, rate=RATE)
+    out = {**mqtt, "topic": "out/{key}", "id_in_payload": True}
+    spec["sinks"] = [
+        sink("to_mqtt", "mqtt", out, "per_key"),
+        sink("to_sql", "sql", sql, "per_key"),
+        sink("to_http", "http", {"url": url, "batch_records": 7}, "per_key"),
+        sink(SMALL, "mqtt", {**mqtt, "topic": RAW_TOPIC, "buffer_mb": 1}, "readings"),
+    ]
+    return spec
 
 
 def test_a_30s_outage_of_every_destination_at_once_loses_nothing(
@@ -201,11 +107,8 @@ def test_a_30s_outage_of_every_destination_at_once_loses_nothing(
     db = postgres.create_db("outage")
     spec_raw = fanned_out(broker, postgres.url(db), receiver.url)
     want = reference_outputs(parse_spec(spec_raw))
-    with Consumer(broker) as consumer:
-        assert site.workdir is not None
-        path = site.workdir / "outage.yaml"
-        path.write_text(yaml.safe_dump(spec_raw))
-        app_id = str(cli_json(site, "submit", str(path), "--via", via(site))["app_id"])
+    with Consumer(broker, "out/#") as consumer:
+        app_id = submit(site, spec_raw)
 
         def delivering() -> bool:  # a committed epoch reached every destination
             s = status(site, app_id)
@@ -237,7 +140,7 @@ def test_a_30s_outage_of_every_destination_at_once_loses_nothing(
             assert s["state"] == "running"  # records flowed through the whole outage
             assert s["totals"]["source_records"] > before["totals"]["source_records"]
             small = sinks_of(s)[SMALL]
-            text = cli(site, "status", app_id, "--via", via(site)).stdout
+            text = cli(site, "status", app_id, "--via", via(site, GATEWAY_2)).stdout
         finally:
             receiver.status = 200
             postgres.start()
@@ -248,14 +151,11 @@ def test_a_30s_outage_of_every_destination_at_once_loses_nothing(
         assert small["dropped"] > 0
         assert small["buffered_bytes"] <= small["buffer_limit_bytes"] == 1024 * 1024
         assert "dropped (buffer full)" in text
+        assert site.workdir is not None
         log = (site.workdir / "gateway-1.log").read_text(errors="replace")
         assert f"sink '{SMALL}': its buffer (1 MiB) is full" in log
 
-        def done() -> dict[str, Any] | None:
-            s = status(site, app_id)
-            return s if s["state"] in ("finished", "failed", "stopped") else None
-
-        s = poll(done, what="the app to end", timeout=180)
+        s = finished(site, app_id)
         assert s["state"] == "finished", s.get("error")
         assert s["recoveries"] == []
         for k in EXACT:
@@ -263,9 +163,9 @@ def test_a_30s_outage_of_every_destination_at_once_loses_nothing(
 
         # mqtt: what a consumer that drops repeated ids keeps
         ref = normalise(want["to_mqtt"])
-        poll(lambda: len(consumer.deduplicated()) >= len(ref), what="every mqtt result")
+        poll(lambda: len(consumer.deduplicated()[0]) >= len(ref), what="every mqtt result")
         time.sleep(0.5)  # one too many would show now
-        got = consumer.deduplicated()
+        got, _ = consumer.deduplicated()
         assert len(got) == len(ref)
         assert canonical(got) == canonical(ref)
 
