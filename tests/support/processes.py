@@ -108,11 +108,13 @@ def clusters(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
         made.append(cluster)
         return cluster.__enter__()
 
-    yield make
-    for cluster in made:
-        cluster.__exit__()
-        for proc in cluster.procs:
-            assert proc.poll() is not None
+    try:
+        yield make
+    finally:  # a failed test too: its peers must not outlive it (and fail the next one)
+        for cluster in made:
+            cluster.__exit__()
+            for proc in cluster.procs:
+                assert proc.poll() is not None
 
 
 @contextlib.contextmanager
