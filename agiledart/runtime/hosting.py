@@ -239,8 +239,9 @@ class Hosting:
         return {"injected": inst.spawn(inst.inject_barrier(epoch)) is not None}
 
     async def app_committed(self, req: dict[str, Any], conn: ConnectionInfo) -> bool:
-        """The scheduler committed epoch ``epoch``: this peer's sinks of the app that
-        wait for it (sql, http) send its output."""
+        """The scheduler committed epoch ``epoch``: this peer's two-phase sinks of the
+        app send its output, and its logged sources (mqtt, http) let go of what it
+        covers (an mqtt source's held acknowledgements go to the broker)."""
         inst = self.instance(req)
         epoch = req.get("epoch")
         if type(epoch) is not int or generation_of(req) != inst.generation:
