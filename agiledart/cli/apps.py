@@ -321,7 +321,10 @@ def _print_status(s: dict[str, Any]) -> None:
             if event.get("mode") == "checkpoint"
             else "from the sources' beginning"
         )
-        print(f"  recovery: {what}, {origin}, in {event.get('seconds')} s")
+        took = event.get("seconds")
+        print(
+            f"  recovery: {what}, {origin}, " + ("in progress" if took is None else f"in {took} s")
+        )
     for event in s.get("rescales", []):
         print(
             f"  {event.get('action')} of {', '.join(event.get('operators', []))} from "

@@ -165,9 +165,12 @@ class Recovery:
         hosts = app_hosts(spec, rec.placement, rec.sources, rec.sinks)
         plan = restore_plan(rec.checkpoint, moved) if rec.checkpoint else None
         order = consumers_first(spec, hosts)
-        await self.s.install(rec, spec, hosts, addresses, order, restore=plan)
         events = {**moved, dead: dead} if restarted else moved
-        self._note(rec, events, hosted, plan, round(time.monotonic() - started, 3))
+        # noted before the install: the app may end inside it (a short replay), and
+        # its final status still shows the recovery; the seconds are filled in after
+        noted = self._note(rec, events, hosted, plan)
+        await self.s.install(rec, spec, hosts, addresses, order, restore=plan)
+        self._resumed(rec, noted, round(time.monotonic() - started, 3))
         await self.s.save(rec)
 
     def _note(
@@ -176,13 +179,13 @@ class Recovery:
         events: Mapping[str, str],
         hosted: Mapping[str, list[str]],
         plan: dict[str, Any] | None,
-        seconds: float,
-    ) -> None:
-        """Record (and trace) that each lost peer of ``events`` was taken over by its
-        value (itself when it restarted), after ``seconds`` of recovery."""
+    ) -> list[dict[str, Any]]:
+        """Record that each lost peer of ``events`` was taken over by its value (itself
+        when it restarted); the entries, whose ``seconds`` :meth:`_resumed` fills in."""
         epoch = 0 if plan is None else int(plan["epoch"])
+        noted: list[dict[str, Any]] = []
         for lost, by in sorted(events.items()):
-            rec.recoveries.append(
+            noted.append(
                 {
                     "dead": lost,
                     "by": self.s.name,
@@ -192,15 +195,24 @@ class Recovery:
                     "mode": "restart" if plan is None else "checkpoint",
                     "epoch": epoch,
                     "at": time.time(),
-                    "seconds": seconds,
+                    "seconds": None,
                 }
             )
+        rec.recoveries.extend(noted)
+        return noted
+
+    def _resumed(self, rec: AppRecord, noted: list[dict[str, Any]], seconds: float) -> None:
+        """The app runs again, ``seconds`` after the loss was found: fill in the noted
+        entries and trace each recovery."""
+        for entry in noted:
+            entry["seconds"] = seconds
             if self.s.trace is not None:
+                by = entry["takeover"]
                 self.s.trace.emit(
                     "recovery",
                     app=rec.app_id,
-                    dead_peer=lost,
-                    epoch=epoch,
+                    dead_peer=entry["dead"],
+                    epoch=entry["epoch"],
                     phase="resumed",
                     duration_ms=seconds * 1000.0,
                     operators=sorted(op for op, ps in rec.placement.items() if by in ps),

@@ -142,11 +142,8 @@ def test_the_output_is_exact_when_the_sinks_peer_dies_for_good(
         dest.up()
         s = finished(site, app_id)
         assert s["state"] == "finished", s.get("error")
-        assert s["generation"] >= 1  # recovered from a checkpoint, not run once through
-        # the recovery is not always listed in status (found 2026-11-27, being looked
-        # into): one run in three had the app recovered, exact, with `recoveries` empty
-        for event in s["recoveries"]:
-            assert (event["dead"], event["mode"]) == ("gateway-1", "checkpoint")
+        (event,) = s["recoveries"]  # listed even when the app ended inside its install
+        assert (event["dead"], event["mode"]) == ("gateway-1", "checkpoint")
         moved_to = s["sinks"]["out"]
         assert moved_to not in ("gateway-1", None)
         assert s["peers"][moved_to]["sinks"]["out"]["buffered_rows"] == 0
