@@ -278,3 +278,42 @@ def test_aclose_stops_a_revisit_of_a_declined_adoption(monkeypatch: pytest.Monke
         assert len(asked) == n  # nobody asks any more
 
     asyncio.run(run())
+
+
+def test_a_recovery_is_listed_while_its_install_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An app whose replay is short ends inside the install of its new generation; its
+    final record (and status) must list the recovery all the same (found in CI: one run
+    in three of the sink-move test ended with `recoveries` empty)."""
+    from agiledart.runtime import failover
+
+    rec = running_record("q-0")
+    rec.placement, rec.sources, rec.sinks = {"count": ["edge-2"]}, {"in": "sensor-1"}, {}
+    s = scheduler(Store())
+    seen: list[list[dict[str, Any]]] = []
+
+    async def answers(rec: AppRecord, peer: str) -> bool:
+        return True
+
+    async def takeover(lost: str, *, exclude: set[str]) -> tuple[str, Address]:
+        return "edge-3", ("127.0.0.4", 1)
+
+    async def undeploy(rec: AppRecord) -> None:
+        return None
+
+    async def install(rec: AppRecord, *args: Any, **kwargs: Any) -> None:
+        seen.append(copy.deepcopy(rec.recoveries))  # what the app's end would store
+
+    monkeypatch.setattr(s.hosts, "answers", answers)
+    monkeypatch.setattr(s.hosts, "undeploy", undeploy)
+    monkeypatch.setattr(s.recovery, "_takeover", takeover)
+    monkeypatch.setattr(s, "install", install)
+    monkeypatch.setattr(s, "spec_of", lambda rec: None)
+    monkeypatch.setattr(failover, "pinned_peers", lambda spec, rec: set())
+    monkeypatch.setattr(failover, "app_hosts", lambda *args: {})
+    monkeypatch.setattr(failover, "consumers_first", lambda *args: [])
+    asyncio.run(s.recovery.restart_without(rec, "edge-2", 0.0))
+    ((during,),) = seen
+    assert (during["dead"], during["takeover"], during["seconds"]) == ("edge-2", "edge-3", None)
+    (after,) = rec.recoveries
+    assert after["seconds"] is not None
+    assert after["operators"] == ["count"]
