@@ -91,6 +91,8 @@ class Recovery:
                         f"within {self.s.pinned_grace_s:g} s)",
                     )
                     return
+            if not await self.s.still_mine(rec):
+                return  # adopted while this peer was away: the adopter recovers it
             try:
                 await self.restart_without(rec, dead, started, restarted=restarted)
             except AgiledartError as exc:
@@ -146,7 +148,8 @@ class Recovery:
             lost: sorted(op for op, peers in rec.placement.items() if lost in peers)
             for lost in [*moved, *([dead] if restarted else [])]
         }
-        await self.s.hosts.undeploy(rec)
+        if not await self.clear(rec):
+            return
         if not rec.live or self.s.ending(rec.app_id):
             # every sink ended meanwhile (their reports were held up while this peer
             # was frozen or busy): the output is whole, and a new generation would
@@ -172,6 +175,29 @@ class Recovery:
         await self.s.install(rec, spec, hosts, addresses, order, restore=plan)
         self._resumed(rec, noted, round(time.monotonic() - started, 3))
         await self.s.save(rec)
+
+    async def clear(self, rec: AppRecord) -> bool:
+        """Undeploy ``rec``'s instances before its next generation: those of its
+        generation or older. A host that runs a newer one deployed by another
+        scheduler (an adopter, while this peer was frozen or cut off) makes this peer
+        step down: False, nothing stopped there. A newer one deployed from here (this
+        peer's record of it was lost) is stopped too, the next generation past it."""
+        for _ in range(2):
+            newer = await self.s.hosts.undeploy(rec, fenced=True)
+            if not newer:
+                return True
+            others = sorted({n.peer for n in newer if n.scheduler != self.s.address()})
+            if others:
+                log.warning(
+                    "app %s: %s run a newer generation under another scheduler; "
+                    "this peer steps down",
+                    rec.app_id,
+                    ", ".join(others),
+                )
+                self.s.forget(rec.app_id)
+                return False
+            rec.generation = max(n.generation for n in newer)
+        return True
 
     def _note(
         self,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from agiledart.errors import AgiledartError
@@ -17,7 +18,17 @@ from agiledart.runtime.links import Address, Links
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HostCalls"]
+__all__ = ["HostCalls", "Newer"]
+
+
+@dataclass(frozen=True)
+class Newer:
+    """A host that refused a fenced undeploy: it runs ``generation``, newer than the
+    requester's, and reports to ``scheduler``."""
+
+    peer: str
+    generation: int
+    scheduler: Address
 
 
 class HostCalls:
@@ -48,11 +59,23 @@ class HostCalls:
             log.warning("%s to %s failed: %s", type, address, exc)
             return None
 
-    async def undeploy(self, rec: AppRecord) -> None:
-        addresses = rec.known_addresses()
-        await asyncio.gather(
-            *(self.quiet(a, "undeploy", {"app_id": rec.app_id}) for a in addresses.values())
-        )
+    async def undeploy(self, rec: AppRecord, *, fenced: bool = False) -> list[Newer]:
+        """Stop ``rec``'s instances on every host it knows. ``fenced``: only those of its
+        generation or older; the hosts that run a newer one are returned (another
+        scheduler recovered the app meanwhile, or this one's record of it was lost)."""
+        body: dict[str, Any] = {"app_id": rec.app_id}
+        if fenced:
+            body["generation"] = rec.generation
+        peers = sorted(rec.known_addresses().items())
+        replies = await asyncio.gather(*(self.quiet(a, "undeploy", body) for _, a in peers))
+        newer: list[Newer] = []
+        for (peer, _), reply in zip(peers, replies, strict=True):
+            if not isinstance(reply, dict) or reply.get("undeployed") is not False:
+                continue
+            generation, scheduler = reply.get("generation"), reply.get("scheduler")
+            if type(generation) is int and isinstance(scheduler, list) and len(scheduler) == 2:
+                newer.append(Newer(peer, generation, (str(scheduler[0]), int(scheduler[1]))))
+        return newer
 
     async def gather(self, rec: AppRecord) -> dict[str, Any]:
         """Every hosting peer's statistics of ``rec``'s instance."""

@@ -96,6 +96,19 @@ class Hosting:
         return {"started": True}
 
     async def undeploy(self, req: dict[str, Any], conn: ConnectionInfo) -> dict[str, Any]:
+        """Stop this peer's instance of the app. With ``generation``, only an instance of
+        that generation or older: a newer one was deployed by whoever recovered the app
+        since the requester last looked (its adopter, while it was frozen or cut off),
+        and is not the requester's to stop; the answer names its generation and the
+        scheduler it reports to."""
+        fence = req.get("generation")
+        held = self.rt.instances.get(app_id_of(req))
+        if held is not None and type(fence) is int and held.generation > fence:
+            return {
+                "undeployed": False,
+                "generation": held.generation,
+                "scheduler": list(self.scheduler_of(held.deployment)),
+            }
         inst = self.rt.instances.pop(app_id_of(req), None)
         self.rt.rebound.pop(app_id_of(req), None)
         if inst is not None:

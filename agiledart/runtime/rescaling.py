@@ -81,6 +81,8 @@ class Rescaling:
             if app is None or not app.record.live or app.record.generation != generation:
                 return
             rec = app.record
+            if not await self.s.still_mine(rec):
+                return  # adopted while this peer was away
             started = time.monotonic()
             event: dict[str, Any] = {
                 "action": action,

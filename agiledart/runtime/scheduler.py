@@ -263,6 +263,28 @@ class Scheduler:
         """Every hosting peer's statistics of ``rec``'s instance."""
         return await self.hosts.gather(rec)
 
+    async def still_mine(self, rec: AppRecord) -> bool:
+        """Whether the stored record of ``rec`` does not name another scheduler of the
+        live app. A scheduler frozen or cut off for long was adopted meanwhile: its
+        adopter's record is the truth, and this peer steps down (forgets the app)
+        before it touches an instance; reports held up while it was away would
+        otherwise end or restart the app under its adopter. True when the record
+        cannot be read."""
+        try:
+            stored = AppRecord.from_wire(await self.records.get(record_key("app", rec.app_id)))
+        except AgiledartError:
+            return True  # nothing says otherwise
+        if stored.scheduler_name == self.name or not stored.live:
+            return True
+        log.warning(
+            "app %s: %s schedules it now (it adopted the app while this peer was away); "
+            "this peer steps down",
+            rec.app_id,
+            stored.scheduler_name,
+        )
+        self.forget(rec.app_id)
+        return False
+
     async def still_scheduled(self, address: Address, app_id: str) -> bool:
         """Whether the peer at ``address`` answers that it schedules ``app_id``: the
         check before anybody takes an app over from a scheduler believed dead."""
@@ -416,6 +438,8 @@ class Scheduler:
         ending = app.ending = asyncio.Event()
         try:
             rec.final = await self.hosts.gather(rec)
+            if rec.scheduler_name == self.name and not await self.still_mine(rec):
+                return False  # adopted while this peer was away: its adopter ends it
             rec.move_to(state)
             if error is not None:
                 rec.error = error
@@ -424,7 +448,9 @@ class Scheduler:
         finally:
             app.ending = None
             ending.set()
-        await self.hosts.undeploy(rec)
+        # a newer generation (an adopter's, started while this peer was away) is not
+        # this end's to stop; a user's stop stops whatever runs
+        await self.hosts.undeploy(rec, fenced=state is not AppState.STOPPED)
         holders = holders_of(rec.checkpoint) | app.epochs.unsaved_holders
         app.epochs.unsaved_holders = set()
         if holders:  # its fragments are of no use now (holders sweep what is missed)
@@ -468,6 +494,8 @@ class Scheduler:
             except AgiledartError as exc:
                 log.warning("scheduler of %s unreachable (%s); stopping it from here", app_id, exc)
         if not await self.end(rec, AppState.STOPPED):
+            if rec.live:  # this peer stepped down (adopted meanwhile): the adopter stops it
+                return await self.stop(app_id)
             await self.hosts.undeploy(rec)  # ended already: whatever is left of it goes
         return rec
 

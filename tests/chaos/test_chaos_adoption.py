@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,10 +17,12 @@ from support.apps import running_record
 
 from agiledart.errors import AgiledartError
 from agiledart.overlay.routing import Contact
-from agiledart.runtime import adoption
+from agiledart.runtime import adoption, failover
 from agiledart.runtime.appstate import AppRecord, AppState
 from agiledart.runtime.epochs import Epoch
 from agiledart.runtime.errors import UnknownApp
+from agiledart.runtime.hostcalls import Newer
+from agiledart.runtime.hosting import Hosting
 from agiledart.runtime.links import Address
 from agiledart.runtime.records import record_key
 from agiledart.runtime.scheduler import Scheduler
@@ -358,3 +361,120 @@ def test_barriers_that_every_source_peer_takes_recover_nothing() -> None:
     s.recovery.recover = recover  # type: ignore[method-assign]
     asyncio.run(s.checkpoints._barriers(rec, Epoch(epoch=1, started=0.0, generation=0)))
     assert recovered == []
+
+
+def adopted_meanwhile(store: Store) -> AppRecord:
+    """Chaos seed 10 (1 replay in 13 on 2 cores): the app's scheduler edge-1 was frozen
+    for 5 s; sensor-1 took it for dead, adopted the app and restarted it (generation
+    1, the file sink starting its output over). Let go, edge-1 took the sink reports
+    held up while it was frozen (generation 0), ended the app and undeployed every
+    instance, the adopter's run with them: the app `finished` with 1,297 of 4,800
+    records. ``store`` now holds the adopter's record; the result is edge-1's own."""
+    adopter = running_record("q-0")
+    adopter.scheduler, adopter.scheduler_name = ("127.0.0.1", 2), "sensor-1"
+    adopter.generation = 1
+    store.data[record_key("app", "q-0")] = adopter.to_wire()
+    rec = running_record("q-0")  # edge-1's, from before its freeze
+    rec.placement, rec.sources, rec.sinks = (
+        {"count": ["edge-2"]},
+        {"in": "sensor-2"},
+        {"out": "edge-3"},
+    )
+    rec.addresses = {p: ["127.0.0.9", 1] for p in ("edge-2", "sensor-2", "edge-3")}
+    return rec
+
+
+def test_a_scheduler_adopted_while_frozen_ends_nothing_of_its_adopters_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = Store()
+    rec = adopted_meanwhile(store)
+    s = scheduler("edge-1", 1, store)
+    s.hold(rec)
+    undeployed: list[int] = []
+    restarts: list[str] = []
+
+    async def gather(rec: AppRecord) -> dict[str, Any]:
+        return {}
+
+    async def undeploy(rec: AppRecord, *, fenced: bool = False) -> list[Any]:
+        undeployed.append(rec.generation)
+        return []
+
+    async def restart_without(
+        rec: AppRecord, dead: str, started: float, *, restarted: bool = False
+    ) -> None:
+        restarts.append(dead)
+
+    async def runs_now(rec: AppRecord, peer: str) -> bool:
+        return False
+
+    monkeypatch.setattr(s.hosts, "gather", gather)
+    monkeypatch.setattr(s.hosts, "undeploy", undeploy)
+    monkeypatch.setattr(s.hosts, "runs_now", runs_now)
+    monkeypatch.setattr(s.recovery, "restart_without", restart_without)
+    asyncio.run(s.recover("q-0", "edge-2"))  # a failure reported while it was frozen
+    assert restarts == []
+    s.hold(rec)
+    asyncio.run(s.sink_done("q-0", "out", {}, generation=0))  # the held-up sink report
+    assert undeployed == []
+    assert "q-0" not in s.apps  # stepped down
+    stored = AppRecord.from_wire(store.data[record_key("app", "q-0")])
+    assert (stored.scheduler_name, stored.live, stored.generation) == ("sensor-1", True, 1)
+
+
+def test_a_recovery_steps_down_where_another_scheduler_runs_a_newer_generation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same race, closer: the adopter's record is not stored yet (it stores it
+    once its install is done), so only the hosts know; their newer instances refuse a
+    fenced undeploy, and the frozen scheduler steps down instead of installing."""
+    rec = adopted_meanwhile(Store())
+    s = scheduler("edge-1", 1, Store())  # the record as edge-1 last stored it
+    s.hold(rec)
+    installs: list[int] = []
+
+    async def answers(rec: AppRecord, peer: str) -> bool:
+        return True
+
+    async def undeploy(rec: AppRecord, *, fenced: bool = False) -> list[Newer]:
+        assert fenced
+        return [Newer("edge-3", 1, ("127.0.0.1", 2))]
+
+    async def install(rec: AppRecord, *args: Any, **kwargs: Any) -> None:
+        installs.append(rec.generation)
+
+    monkeypatch.setattr(s.hosts, "answers", answers)
+    monkeypatch.setattr(s.hosts, "undeploy", undeploy)
+    monkeypatch.setattr(s, "install", install)
+    monkeypatch.setattr(s, "spec_of", lambda rec: None)
+    monkeypatch.setattr(failover, "pinned_peers", lambda spec, rec: set())
+    asyncio.run(s.recovery.restart_without(rec, "edge-2", 0.0, restarted=True))
+    assert installs == []
+    assert "q-0" not in s.apps
+
+
+def test_a_host_stops_no_instance_newer_than_a_fenced_undeploy_names() -> None:
+    rt = SimpleNamespace(instances={}, rebound={}, relay=None)
+    hosting = Hosting(rt)  # type: ignore[arg-type]
+    closed: list[int] = []
+
+    class Instance:
+        def __init__(self, generation: int) -> None:
+            self.generation = generation
+            self.app_id = "q-0"
+            self.deployment = SimpleNamespace(app_id="q-0", scheduler=("127.0.0.1", 2))
+
+        async def aclose(self) -> None:
+            closed.append(self.generation)
+
+    hosting.manifest_changed = lambda: None  # type: ignore[method-assign]
+    rt.instances["q-0"] = Instance(1)
+    kept = asyncio.run(hosting.undeploy({"app_id": "q-0", "generation": 0}, None))  # type: ignore[arg-type]
+    assert kept == {"undeployed": False, "generation": 1, "scheduler": ["127.0.0.1", 2]}
+    assert closed == []
+    done = asyncio.run(hosting.undeploy({"app_id": "q-0", "generation": 1}, None))  # type: ignore[arg-type]
+    assert done == {"undeployed": True}
+    rt.instances["q-0"] = Instance(3)  # a user's stop (unfenced) stops whatever runs
+    assert asyncio.run(hosting.undeploy({"app_id": "q-0"}, None)) == {"undeployed": True}  # type: ignore[arg-type]
+    assert closed == [1, 3]
