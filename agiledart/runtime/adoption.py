@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 from agiledart.errors import AgiledartError
-from agiledart.runtime.appstate import AppRecord
+from agiledart.runtime.appstate import AppRecord, AppState
 from agiledart.runtime.failover import pinned_peers
 from agiledart.runtime.links import Address
 from agiledart.runtime.records import record_key
@@ -65,6 +65,7 @@ class Adoption:
             log.info("adopting app %s: its scheduler %s died", rec.app_id, dead)
             rec.scheduler, rec.scheduler_name = self.s.address(), self.s.name
             app = self.s.hold(rec)
+            app.adopted_from = dead
             await self.s.records.add(record_key("scheduling", self.s.name), rec.app_id)
             async with app.lock:
                 await self._take_over(rec, dead)
@@ -87,6 +88,12 @@ class Adoption:
                     await self.rebind(rec)
                     return
                 restarted = True
+        if await self.s.hosts.sinks_ended(rec):
+            # every sink ended while nobody scheduled the app (their reports went to
+            # the old scheduler): it finished, and a restart would run it again
+            log.info("app %s finished while %s was away; ending it", rec.app_id, dead)
+            await self.s.end(rec, AppState.FINISHED)
+            return
         if await self.ended_meanwhile(rec, dead):
             # the old scheduler, only slow, ended the app while this peer
             # looked (its hosts undeployed it): restarting would run it again

@@ -249,7 +249,16 @@ class ScheduledApp:
     recoveries and rescales take turns on, its checkpoint loop and its end in progress.
     Forgetting the app is dropping this object."""
 
-    __slots__ = ("checkpoint_loop", "ending", "epochs", "lock", "parsed", "record", "sinks_done")
+    __slots__ = (
+        "adopted_from",
+        "checkpoint_loop",
+        "ending",
+        "epochs",
+        "lock",
+        "parsed",
+        "record",
+        "sinks_done",
+    )
 
     def __init__(self, record: AppRecord) -> None:
         self.record = record
@@ -261,6 +270,9 @@ class ScheduledApp:
         self.checkpoint_loop: asyncio.Task[None] | None = None
         #: set while the app's end is being recorded (its final statistics gathered)
         self.ending: asyncio.Event | None = None
+        #: the scheduler this peer adopted the app from (its record names that one
+        #: until this peer stores its own)
+        self.adopted_from: str | None = None
 
     @property
     def app_id(self) -> str:

@@ -112,6 +112,23 @@ class HostCalls:
         except AgiledartError:
             return False, None
 
+    async def sinks_ended(self, rec: AppRecord) -> bool:
+        """Whether every sink of ``rec`` ended in its current generation (their peers
+        say so): the app finished, whoever its reports went to."""
+        if not rec.sinks:
+            return False
+        peers = sorted(set(rec.sinks.values()))
+        answers = await asyncio.gather(*(self._app_stats(rec, p, 3.0) for p in peers))
+        stats = {p: got for p, (_, got) in zip(peers, answers, strict=True)}
+        for sink, peer in rec.sinks.items():
+            got = stats.get(peer)
+            if not isinstance(got, dict) or got.get("generation") != rec.generation:
+                return False
+            info = (got.get("sinks") or {}).get(sink)
+            if not isinstance(info, dict) or info.get("ended") is not True:
+                return False
+        return True
+
     async def runs(self, rec: AppRecord, peer: str) -> bool:
         """Whether ``peer`` (which answers) still runs its instances of ``rec``."""
         if peer not in rec.addresses:

@@ -274,7 +274,9 @@ class Scheduler:
             stored = AppRecord.from_wire(await self.records.get(record_key("app", rec.app_id)))
         except AgiledartError:
             return True  # nothing says otherwise
-        if stored.scheduler_name == self.name or not stored.live:
+        app = self.scheduled.get(rec.app_id)
+        adopted_from = None if app is None else app.adopted_from
+        if stored.scheduler_name in (self.name, adopted_from) or not stored.live:
             return True
         log.warning(
             "app %s: %s schedules it now (it adopted the app while this peer was away); "

@@ -52,6 +52,7 @@ class SinkState:
     sink: Sink
     inputs: dict[str, int]  #: input id -> watermark
     done: bool = False
+    ended: bool = False  #: done, flushed (drained) and reported to the scheduler
     senders: dict[str, dict[str, int]] = field(default_factory=dict)
     first_at: float | None = None  #: wall-clock s of the first and last write
     last_at: float | None = None
@@ -273,6 +274,7 @@ class LocalSinks:
         if isinstance(state.sink, MqttSink | SpooledSink):  # done once the broker has it all
             self.spawn(self._drained(sink_id, state.sink))
             return
+        state.ended = True
         await self.on_sink_done(sink_id, self.info(sink_id))
 
     def checkpoint_committed(self, epoch: int) -> None:
@@ -283,6 +285,7 @@ class LocalSinks:
 
     async def _drained(self, sink_id: str, sink: MqttSink | SpooledSink) -> None:
         await sink.drain()  # what it cannot publish in time it drops, and counts
+        self.states[sink_id].ended = True
         await self.on_sink_done(sink_id, self.info(sink_id))
 
     def info(self, sink_id: str) -> dict[str, Any]:
@@ -294,6 +297,7 @@ class LocalSinks:
             "dropped": state.sink.stats.dropped,
             "errors": state.sink.stats.errors,
             "done": state.done,
+            "ended": state.ended,
             "path": None if path is None else os.path.abspath(path),
             **connection_of(state.sink),
             "latency_p50_ms": quantile(lat, 0.5),

@@ -478,3 +478,58 @@ def test_a_host_stops_no_instance_newer_than_a_fenced_undeploy_names() -> None:
     rt.instances["q-0"] = Instance(3)  # a user's stop (unfenced) stops whatever runs
     assert asyncio.run(hosting.undeploy({"app_id": "q-0"}, None)) == {"undeployed": True}  # type: ignore[arg-type]
     assert closed == [1, 3]
+
+
+def test_an_adopter_ends_an_app_whose_sinks_all_ended_while_nobody_scheduled_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Chaos seed 10 again, from the adopter's side: the sink's end went to the frozen
+    scheduler, and the adopter, finding the stateful operator's peer down, restarted
+    the app; the restart started the output file over under an app that had finished.
+    An adopter now asks the sinks' peers first: every sink ended, so the app ends."""
+    store = Store()
+    rec = running_record("q-0")  # scheduled by edge-1
+    rec.placement, rec.sources, rec.sinks = (
+        {"count": ["edge-2"]},
+        {"in": "sensor-2"},
+        {"out": "edge-3"},
+    )
+    rec.addresses = {p: ["127.0.0.9", 1] for p in ("edge-2", "sensor-2", "edge-3")}
+    store.data[record_key("scheduling", "edge-1")] = ["q-0"]
+    store.data[record_key("app", "q-0")] = rec.to_wire()
+    s = scheduler("sensor-1", 2, store)
+    restarts: list[str] = []
+    asked: list[str] = []
+
+    async def gone(address: Address, app_id: str) -> bool:
+        return False
+
+    async def silent_hosts(rec: AppRecord) -> list[str]:
+        return ["edge-2"]  # restarting
+
+    async def app_stats(rec: AppRecord, peer: str, timeout: float) -> tuple[bool, Any]:
+        asked.append(peer)
+        return True, {"generation": 0, "sinks": {"out": {"ended": True, "records": 4800}}}
+
+    async def quietly(rec: AppRecord, *, fenced: bool = False) -> list[Any]:
+        return []
+
+    async def gather(rec: AppRecord) -> dict[str, Any]:
+        return {}
+
+    async def restart_without(
+        rec: AppRecord, dead: str, started: float, *, restarted: bool = False
+    ) -> None:
+        restarts.append(dead)
+
+    monkeypatch.setattr(s, "still_scheduled", gone)
+    monkeypatch.setattr(s.adoption, "silent_hosts", silent_hosts)
+    monkeypatch.setattr(s.hosts, "_app_stats", app_stats)
+    monkeypatch.setattr(s.hosts, "undeploy", quietly)
+    monkeypatch.setattr(s.hosts, "gather", gather)
+    monkeypatch.setattr(s.recovery, "restart_without", restart_without)
+    asyncio.run(s.adopt_from("edge-1"))
+    assert asked == ["edge-3"]
+    assert restarts == []
+    stored = AppRecord.from_wire(store.data[record_key("app", "q-0")])
+    assert (stored.state, stored.scheduler_name) == (AppState.FINISHED, "sensor-1")

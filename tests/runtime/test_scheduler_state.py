@@ -297,8 +297,8 @@ def test_a_recovery_is_listed_while_its_install_runs(monkeypatch: pytest.MonkeyP
     async def takeover(lost: str, *, exclude: set[str]) -> tuple[str, Address]:
         return "edge-3", ("127.0.0.4", 1)
 
-    async def undeploy(rec: AppRecord) -> None:
-        return None
+    async def undeploy(rec: AppRecord, *, fenced: bool = False) -> list[Any]:
+        return []
 
     async def install(rec: AppRecord, *args: Any, **kwargs: Any) -> None:
         seen.append(copy.deepcopy(rec.recoveries))  # what the app's end would store
