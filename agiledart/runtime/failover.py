@@ -148,8 +148,8 @@ class Recovery:
             lost: sorted(op for op, peers in rec.placement.items() if lost in peers)
             for lost in [*moved, *([dead] if restarted else [])]
         }
-        if not await self.clear(rec):
-            return
+        if self.s.ending(rec.app_id) or not await self.clear(rec):
+            return  # ending: its sinks ended (the end gathers what they report)
         if not rec.live or self.s.ending(rec.app_id):
             # every sink ended meanwhile (their reports were held up while this peer
             # was frozen or busy): the output is whole, and a new generation would

@@ -439,7 +439,14 @@ class Scheduler:
             return False
         ending = app.ending = asyncio.Event()
         try:
-            rec.final = await self.hosts.gather(rec)
+            rec.final = final = await self.hosts.gather(rec)
+            for sink, info in app.sinks_done.items():
+                # a sink's own end report stands in for a peer that no longer answers
+                # for it (a recovery undeployed it while this end gathered)
+                peer = rec.sinks.get(sink)
+                if peer is not None:
+                    stats = final.setdefault(peer, {"peer": peer, "generation": rec.generation})
+                    stats.setdefault("sinks", {}).setdefault(sink, info)
             if rec.scheduler_name == self.name and not await self.still_mine(rec):
                 return False  # adopted while this peer was away: its adopter ends it
             rec.move_to(state)

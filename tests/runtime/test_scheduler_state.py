@@ -317,3 +317,30 @@ def test_a_recovery_is_listed_while_its_install_runs(monkeypatch: pytest.MonkeyP
     (after,) = rec.recoveries
     assert after["seconds"] is not None
     assert after["operators"] == ["count"]
+
+
+def test_an_ended_sinks_report_stands_in_for_its_peers_missing_statistics(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Chaos seed 10: a recovery undeployed the app while its end gathered statistics;
+    the final status had no sink, and so no output file. The sink's own end report
+    fills in for its peer."""
+    rec = running_record("q-0")
+    rec.sinks = {"out": "gateway-2"}
+    s = scheduler(Store())
+    s.hold(rec)
+
+    async def gather(rec: AppRecord) -> dict[str, Any]:
+        return {"sensor-2": {"peer": "sensor-2", "sources": {"in": {"emitted": 4800}}}}
+
+    async def undeploy(rec: AppRecord, *, fenced: bool = False) -> list[Any]:
+        return []
+
+    monkeypatch.setattr(s.hosts, "gather", gather)
+    monkeypatch.setattr(s.hosts, "undeploy", undeploy)
+    info = {"records": 4800, "path": "/data/out.jsonl", "ended": True}
+    asyncio.run(s.sink_done("q-0", "out", info, generation=0))
+    view = asyncio.run(s.status("q-0"))
+    assert view["state"] == "finished"
+    assert view["peers"]["gateway-2"]["sinks"]["out"]["path"] == "/data/out.jsonl"
+    assert view["totals"]["sink_records"] == 4800
