@@ -123,8 +123,9 @@ def test_an_app_ends_once_however_many_ends_race(monkeypatch: pytest.MonkeyPatch
         uptime = 10.0 + len(gathers)  # a later gather sees a longer uptime
         return {"p": {"uptime_s": uptime, "sources": {"s": {"emitted": 100}}}}
 
-    async def undeploy(rec: AppRecord) -> None:
+    async def undeploy(rec: AppRecord, *, fenced: bool = False) -> list[Any]:
         undeploys.append(rec.app_id)
+        return []
 
     monkeypatch.setattr(s.hosts, "gather", gather)
     monkeypatch.setattr(s.hosts, "undeploy", undeploy)
