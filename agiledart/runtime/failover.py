@@ -167,6 +167,10 @@ class Recovery:
         self.s.next_generation(rec)
         hosts = app_hosts(spec, rec.placement, rec.sources, rec.sinks)
         plan = restore_plan(rec.checkpoint, moved) if rec.checkpoint else None
+        if plan is not None and rec.checkpoint is not None:
+            # the states stay where they go now: a second recovery from the same
+            # checkpoint must find them there, not at the peer that died first
+            rec.checkpoint = {**rec.checkpoint, "states": plan["states"]}
         order = consumers_first(spec, hosts)
         events = {**moved, dead: dead} if restarted else moved
         # noted before the install: the app may end inside it (a short replay), and

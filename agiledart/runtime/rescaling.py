@@ -135,6 +135,7 @@ class Rescaling:
                 for e in plan["states"]
                 if e["peer"] == peer and set(e["ops"]) & set(ops)
             ]
+            rec.checkpoint = {**rec.checkpoint, "states": plan["states"]}  # for a recovery
         for i, path in enumerate(rec.paths):
             if action == "migrate" and peer not in rec.hosts():
                 rec.paths[i] = replaced(path, peer, name)

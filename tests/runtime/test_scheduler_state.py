@@ -344,3 +344,50 @@ def test_an_ended_sinks_report_stands_in_for_its_peers_missing_statistics(
     assert view["state"] == "finished"
     assert view["peers"]["gateway-2"]["sinks"]["out"]["path"] == "/data/out.jsonl"
     assert view["totals"]["sink_records"] == 4800
+
+
+def test_a_second_recovery_from_one_checkpoint_restores_states_where_the_first_moved_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Chaos seed 457: the peer of a window operator died and its state went, from the
+    last committed checkpoint, to its neighbour, which died too before the next
+    checkpoint committed; the second recovery, from the same checkpoint, restored the
+    state at the first dead peer, so nowhere: a 5 s window lost a second of counts."""
+    from agiledart.runtime import failover
+
+    rec = running_record("q-0")
+    rec.placement, rec.sources, rec.sinks = {"per-5s": ["edge-2"]}, {"in": "sensor-1"}, {}
+    rec.checkpoint = {
+        "epoch": 1,
+        "sources": {},
+        "sinks": {},
+        "states": [{"peer": "edge-2", "ops": ["per-5s"], "holders": [], "m": 2}],
+    }
+    s = scheduler(Store())
+    takeovers = iter([("edge-4", ("127.0.0.9", 1)), ("edge-1", ("127.0.0.6", 1))])
+    restored: list[list[str]] = []
+
+    async def answers(rec: AppRecord, peer: str) -> bool:
+        return True
+
+    async def takeover(lost: str, *, exclude: set[str]) -> tuple[str, Address]:
+        return next(takeovers)
+
+    async def undeploy(rec: AppRecord, *, fenced: bool = False) -> list[Any]:
+        return []
+
+    async def install(rec: AppRecord, *args: Any, restore: Any = None, **kwargs: Any) -> None:
+        restored.append([e["peer"] for e in restore["states"]])
+
+    monkeypatch.setattr(s.hosts, "answers", answers)
+    monkeypatch.setattr(s.hosts, "undeploy", undeploy)
+    monkeypatch.setattr(s.recovery, "_takeover", takeover)
+    monkeypatch.setattr(s, "install", install)
+    monkeypatch.setattr(s, "spec_of", lambda rec: None)
+    monkeypatch.setattr(failover, "pinned_peers", lambda spec, rec: set())
+    monkeypatch.setattr(failover, "app_hosts", lambda *args: {})
+    monkeypatch.setattr(failover, "consumers_first", lambda *args: [])
+    asyncio.run(s.recovery.restart_without(rec, "edge-2", 0.0))
+    asyncio.run(s.recovery.restart_without(rec, "edge-4", 0.0))
+    assert restored == [["edge-4"], ["edge-1"]]
+    assert rec.placement == {"per-5s": ["edge-1"]}
