@@ -152,15 +152,39 @@ class _Merge:
         held: pa.Table | None = None
         for batch in batches:
             table = pa.Table.from_batches([batch])
+            table = table.set_column(
+                table.schema.get_field_index("counts"),
+                "counts",
+                table["counts"].cast(pa.list_(pa.int64())),
+            )
             if held is not None:
                 table = pa.concat_tables([held, table])
             starts = _group_starts(table, self.keys)
-            # the last group can go on in the next batch: held until then
-            done, held = table.slice(0, starts[-2]), table.slice(starts[-2])
+            # the last group can go on in the next batch: held until then, as one row
+            done, held = table.slice(0, starts[-2]), self._compacted(table.slice(starts[-2]))
             if done.num_rows:
                 yield from self._merged(done, starts[:-2]).to_batches()
         if held is not None and held.num_rows:
             yield from self._merged(held, np.zeros(1, dtype=np.int64)).to_batches()
+
+    def _compacted(self, group: pa.Table) -> pa.Table:
+        """The rows of one group as one (its histogram's buckets added up): what is
+        held of a group stays one histogram's size however many batches it spans."""
+        if group.num_rows <= 1:
+            return group
+        codes = pc.list_flatten(group["codes"]).to_numpy()
+        buckets, where = np.unique(codes, return_inverse=True)
+        counts = np.bincount(
+            where, weights=pc.list_flatten(group["counts"]).to_numpy(), minlength=len(buckets)
+        )
+        row: dict[str, Any] = {name: group[name][:1] for name in group.column_names}
+        row["codes"] = pa.array([buckets.astype(np.int32)], group.schema.field("codes").type)
+        row["counts"] = pa.array([counts.astype(np.int64)], pa.list_(pa.int64()))
+        for how, column in self.stats.values():
+            values = group[column].to_numpy()
+            total = values.sum() if how == "mean" else values.max()
+            row[column] = pa.array([total], group.schema.field(column).type)
+        return pa.table(row, schema=group.schema)
 
     def _merged(self, table: pa.Table, starts: np.ndarray) -> pa.Table:
         lengths = pc.list_value_length(table["codes"]).to_numpy()
