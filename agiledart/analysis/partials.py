@@ -227,7 +227,8 @@ def curve_widths(k: np.ndarray) -> np.ndarray:
     lower = np.maximum(exponent - 1, 0)
     exponent = np.where((exponent > 0) & (need <= CURVE_POINTS * (1 << lower)), lower, exponent)
     exponent = np.where(need > CURVE_POINTS * (1 << exponent), exponent + 1, exponent)
-    return np.left_shift(np.int64(1), exponent)
+    widths: np.ndarray = np.left_shift(np.int64(1), exponent)
+    return widths
 
 
 def _curve(table: pa.Table, windows: Windows, run: int) -> pa.Table:
