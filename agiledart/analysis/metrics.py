@@ -12,7 +12,12 @@ they describe, and withheld below :data:`~agiledart.analysis.sketch.MIN_SAMPLES`
 ``peer``); an operator's throughput in a window is the sum over its instances of the
 counter increase since each instance's previous sample, divided by the window length.
 An instance's first sample has no previous one and adds nothing; a counter that went
-down (the instance restarted) adds its new value.
+down (the instance restarted) adds its new value. The reader's tasks compute the
+increases within each *run* of an instance's samples (a batch of records, sorted by
+``ts``: the ``rates`` partial) and keep each run's first and last sample (``runs``);
+Spark adds the increase of each run's first sample since the run before it (a window
+over the runs of each instance, a few per piece). An instance two of whose runs
+overlap in time is computed from its ``opstats`` records instead (a window over them).
 """
 
 from __future__ import annotations
