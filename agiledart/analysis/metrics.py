@@ -105,12 +105,9 @@ def _joins(frames: Frames) -> DataFrame:
     )
 
 
-def _from_records(frames: Frames, instances: pa.Table) -> DataFrame:
-    """The ``rates`` rows of ``instances`` computed from their records (a window per
-    instance, by ``ts``)."""
-    chosen = frames.spark.createDataFrame(
-        instances.to_pylist(), "app string, operator string, peer string"
-    )
+def _from_records(frames: Frames, chosen: DataFrame) -> DataFrame:
+    """The ``rates`` rows of the ``chosen`` instances computed from their records (a
+    window per instance, by ``ts``)."""
     instance = Window.partitionBy(*INSTANCE).orderBy("ts")
     return (
         frames.records("opstats")
@@ -146,7 +143,7 @@ def _per_window(frames: Frames, overlapping: pa.Table) -> DataFrame:
             overlapping.to_pylist(), "app string, operator string, peer string"
         )
         rows = rows.join(F.broadcast(chosen), INSTANCE, "left_anti").unionByName(
-            _from_records(frames, overlapping)
+            _from_records(frames, chosen)
         )
     return (
         rows.groupBy("app", "operator", "window")
