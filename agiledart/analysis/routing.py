@@ -78,7 +78,7 @@ def _curve(frames: Frames) -> pa.Table:
     cum_packets, cum_regret = np.empty_like(packets), np.empty_like(regret)
     keys = [merged[name].to_pylist() for name in SERIES]
     starts = [i for i in range(merged.num_rows) if i == 0 or any(c[i] != c[i - 1] for c in keys)]
-    for start, end in zip(starts, [*starts[1:], merged.num_rows], strict=True):
+    for start, end in zip(starts, [*starts[1:], merged.num_rows][: len(starts)], strict=True):
         cum_packets[start:end] = np.cumsum(packets[start:end])
         cum_regret[start:end] = np.cumsum(regret[start:end])
     n = merged["packets"].cast(pa.float64())
