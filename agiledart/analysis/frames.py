@@ -4,10 +4,11 @@ Theory of operation: the reader's tasks write the valid records of each type as
 Parquet files under ``<parts>/<type>/`` (one or a few per piece of a trace file, in the
 output directory, which every executor reaches), and for the largest types partial
 aggregates instead (:mod:`~agiledart.analysis.partials`, :meth:`Frames.partials`). A
-section is a few Spark SQL queries over :meth:`Frames.records` and those partials: the
+section is a few Spark queries over those partials and :meth:`Frames.records`: the
 files are scanned in parallel partitions, the aggregations (and the partials) are
-merged after a shuffle, windows (running sums, a previous sample) sort spillably per
-series, and percentiles come from mergeable histograms (:mod:`~agiledart.analysis.sketch`).
+merged after a shuffle, and percentiles come from mergeable histograms merged a group
+at a time in the Python workers (:mod:`~agiledart.analysis.sketch`); no query sorts
+records.
 No section's records ever have to fit in one executor or in the driver; only the final
 tables come back, through Arrow (:func:`collect`), and the driver puts them in order:
 a final table is in the driver whole anyway, and Spark's global sort would cost every

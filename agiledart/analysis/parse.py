@@ -532,7 +532,7 @@ def write_piece(index: int, piece: Piece, parts: str, windows: Windows) -> dict[
     import pyarrow.parquet as pq
 
     writers: dict[str, pq.ParquetWriter] = {}
-    folded = Folder(windows)
+    folded = Folder(windows, index)
 
     def write(tables: dict[str, pa.Table]) -> None:
         for kind, table in tables.items():

@@ -5,12 +5,18 @@ Regret (paper §V) per (policy, graph, origin, dest), packets ordered by ``k``::
 
     R(K) = Σ_{k <= K} delay_ms(k) - K · optimal_ms
 
-computed as the running sum of ``delay_ms - optimal_ms`` (a Spark window: each series
-sorted by ``k``, spilling to disk when it is large), over the deliveries that carry
-``optimal_ms``: the one table read from the ``delivery`` records. The curve keeps at
-most about :data:`CURVE_POINTS` points per series (every n-th packet, the first and the
-last). The summary (with the exact final value), the path counts and the delay CDF (101
-levels per (policy, graph), within a relative
+over the deliveries that carry ``optimal_ms``, as the running sum of
+``delay_ms - optimal_ms``. The curve has a point per *bucket* of ``k``: a series whose
+largest ``k`` is ``K`` is cut into buckets of ``W`` consecutive values of ``k``
+(``bucket = ceil(k / W)``), ``W`` the smallest power of two that makes at most
+:data:`CURVE_POINTS` of them (1 up to 1000 packets: a point per ``k``). A point is
+``R`` after the bucket's last packet: ``k`` its largest ``k``, ``packets`` the packets
+up to it, ``regret_ms`` exact, and ``delay_ms`` / ``optimal_ms`` the means over the
+bucket's packets. The reader's tasks sum each piece's deliveries up per bucket of its
+own ``k`` (:func:`~agiledart.analysis.partials.curve_widths`), Spark merges them into
+the series' buckets, and the driver adds the merged rows (the table's) up along each
+series: no job sorts the deliveries. The summary (with the exact final value), the
+path counts and the delay CDF (101 levels per (policy, graph), within a relative
 :data:`~agiledart.analysis.sketch.ALPHA`, with the packets it counts) come from the
 reader's partial aggregates (:mod:`~agiledart.analysis.partials`), and the shuffle
 tables from its ``attempts``. A null ``graph`` is shown as ``""``.
@@ -18,6 +24,7 @@ tables from its ``attempts``. A null ``graph`` is shown as ``""``.
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, Window
@@ -25,46 +32,65 @@ from pyspark.sql import functions as F
 
 from agiledart.analysis.frames import Frames, collect, descending, of_arrow
 from agiledart.analysis.model import Section
-from agiledart.analysis.partials import SERIES
+from agiledart.analysis.partials import CURVE_POINTS, SERIES
 from agiledart.analysis.sketch import ALPHA, MIN_SAMPLES, quantiles
 
 __all__ = ["CDF_POINTS", "CURVE_POINTS", "OUTCOMES", "routing_section", "shuffle_section"]
 
-CURVE_POINTS = 1000
 CDF_POINTS = 101
 TOP_PATHS = 20
 OUTCOMES = ("ok", "lost", "late", "refused")
 
 
-def _deliveries(frames: Frames) -> DataFrame:
-    return frames.records("delivery").withColumn("graph", F.coalesce("graph", F.lit("")))
-
-
-def _curve(deliveries: DataFrame) -> DataFrame:
-    scored = deliveries.where(F.col("optimal_ms").isNotNull())
-    order = Window.partitionBy(*SERIES).orderBy("k", "ts")
-    running = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    # packets per series from a small aggregation, so that the curve needs one window
-    # (one sort of the deliveries), not a second over whole series
-    sizes = scored.groupBy(*SERIES).agg(F.count(F.lit(1)).alias("n"))
-    return (
-        scored.join(F.broadcast(sizes), list(SERIES))
+def _curve(frames: Frames) -> pa.Table:
+    """The regret curve: the reader's partial sums per bucket of ``k`` (``curve``)
+    merged by Spark into the buckets of each series' widest width (a point per bucket,
+    at most :data:`CURVE_POINTS` per series), then added up along each series in the
+    driver (the merged rows are the table's rows)."""
+    widest = F.max("width").over(Window.partitionBy(*SERIES))
+    merged = (
+        frames.partials("curve")
         .select(
             *SERIES,
+            # a bucket of width w lies whole in the series' bucket ceil(bucket / (W / w))
+            F.ceil(F.col("bucket") / (widest / F.col("width"))).alias("bucket"),
+            "packets",
             "k",
-            "delay_ms",
-            "optimal_ms",
-            "n",
-            F.row_number().over(order).alias("packets"),
-            F.sum(F.col("delay_ms") - F.col("optimal_ms")).over(running).alias("regret_ms"),
+            "regret_sum",
+            "delay_sum",
+            "optimal_sum",
         )
-        .withColumn("step", F.greatest(F.lit(1), F.ceil(F.col("n") / CURVE_POINTS)))
-        .where(
-            (F.col("packets") % F.col("step") == 0)
-            | (F.col("packets") == 1)
-            | (F.col("packets") == F.col("n"))
+        .groupBy(*SERIES, "bucket")
+        .agg(
+            F.sum("packets").alias("packets"),
+            F.max("k").alias("k"),
+            F.sum("regret_sum").alias("regret_sum"),
+            F.sum("delay_sum").alias("delay_sum"),
+            F.sum("optimal_sum").alias("optimal_sum"),
         )
-        .select(*SERIES, "k", "packets", "delay_ms", "optimal_ms", "regret_ms")
+        .toArrow()
+    )
+    merged = merged.take(
+        pc.sort_indices(merged, sort_keys=[(name, "ascending") for name in (*SERIES, "bucket")])
+    )
+    packets = merged["packets"].to_numpy()
+    regret = merged["regret_sum"].to_numpy()
+    cum_packets, cum_regret = np.empty_like(packets), np.empty_like(regret)
+    keys = [merged[name].to_pylist() for name in SERIES]
+    starts = [i for i in range(merged.num_rows) if i == 0 or any(c[i] != c[i - 1] for c in keys)]
+    for start, end in zip(starts, [*starts[1:], merged.num_rows][: len(starts)], strict=True):
+        cum_packets[start:end] = np.cumsum(packets[start:end])
+        cum_regret[start:end] = np.cumsum(regret[start:end])
+    n = merged["packets"].cast(pa.float64())
+    return pa.table(
+        {
+            **{name: merged[name] for name in SERIES},
+            "k": merged["k"],
+            "packets": cum_packets,
+            "delay_ms": pc.divide(merged["delay_sum"], n),
+            "optimal_ms": pc.divide(merged["optimal_sum"], n),
+            "regret_ms": cum_regret,
+        }
     )
 
 
@@ -96,19 +122,25 @@ def _paths(frames: Frames) -> DataFrame:
     ).where(F.col("rank") <= TOP_PATHS)
 
 
-def _cdf(frames: Frames) -> DataFrame:
+def _cdf(frames: Frames) -> pa.Table:
+    """The delay CDF: :data:`CDF_POINTS` quantiles per (policy, graph) from the merged
+    ``delay`` histograms (one Spark query, a row per (policy, graph)), a row per level."""
     last = CDF_POINTS - 1
-    levels = [i / last for i in range(CDF_POINTS)]
     names = [f"q{i}" for i in range(CDF_POINTS)]
-    return (
-        quantiles(frames.partials("delay"), ["policy", "graph"], levels, names)
-        .select(
-            "policy",
-            "graph",
-            F.col("count").alias("packets"),
-            F.posexplode(F.array(*names)).alias("i", "delay_ms"),
+    wide = quantiles(
+        frames.partials("delay"), ["policy", "graph"], [i / last for i in range(CDF_POINTS)], names
+    ).toArrow()
+    return pa.concat_tables(
+        pa.table(
+            {
+                "policy": wide["policy"],
+                "graph": wide["graph"],
+                "fraction": pa.array([i / last] * wide.num_rows, pa.float64()),
+                "delay_ms": wide[name],
+                "packets": wide["count"],
+            }
         )
-        .select("policy", "graph", (F.col("i") / last).alias("fraction"), "delay_ms", "packets")
+        for i, name in enumerate(names)
     )
 
 
@@ -116,13 +148,13 @@ def routing_section(frames: Frames) -> Section:
     section = Section("routing", "Shuffle paths: regret, choices, delays", ("delivery",))
     if not frames.has("delivery"):
         return section
-    regret = collect(
-        _curve(_deliveries(frames)),
+    regret = of_arrow(
+        _curve(frames),
         "regret",
         "Regret R(K) per policy and graph",
         (*SERIES, "packets"),
     )
-    cdf = collect(
+    cdf = of_arrow(
         _cdf(frames),
         "delay_cdf",
         "Packet delay CDF per policy and graph",
@@ -141,7 +173,9 @@ def routing_section(frames: Frames) -> Section:
     ]
     section.notes += [
         "R(K) = Σ delay_ms(k) - K·optimal_ms over packets ordered by k, per (policy, "
-        f"graph, origin, dest); curves keep about {CURVE_POINTS} points per series.",
+        f"graph, origin, dest); a point per bucket of k (at most {CURVE_POINTS} per series, "
+        "buckets of a power of two of consecutive k; delay_ms and optimal_ms are the "
+        "bucket's means).",
         f"Delay CDF levels within {ALPHA:.0%} of the exact percentiles (mergeable "
         f"histograms), left empty below {MIN_SAMPLES} packets.",
     ]

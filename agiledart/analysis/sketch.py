@@ -20,15 +20,27 @@ Buckets are numbered by one signed integer *code* that sorts as the values do: 0
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["ALPHA", "MIN_SAMPLES", "ZERO", "codes", "quantiles", "rank", "spark_codes", "value"]
+__all__ = [
+    "ALPHA",
+    "MIN_SAMPLES",
+    "ZERO",
+    "codes",
+    "quantiles",
+    "rank",
+    "spark_codes",
+    "value",
+]
 
 #: the relative accuracy of every percentile the analysis states
 ALPHA = 0.01
@@ -87,47 +99,152 @@ def quantiles(
     keys: Sequence[str],
     qs: Sequence[float],
     names: Sequence[str],
-    extra: Sequence[Column] = (),
+    stats: Mapping[str, tuple[str, str]] | None = None,
 ) -> DataFrame:
-    """Per group of ``keys``, from the rows (keys..., ``code``, ``n``, ...) of its
-    histogram (one row per bucket, or several: counts of one bucket from several pieces
-    need not be added first): ``count`` (the values), the ``qs``-quantiles as ``names``,
-    each withheld (null) below :data:`MIN_SAMPLES` values, and the aggregates ``extra``
-    over the group's rows. A group's buckets are sorted by Spark (a window)."""
-    from pyspark.sql import Window
+    """Per group of ``keys``, from the rows of its histogram: ``count`` (the values),
+    the ``qs``-quantiles as ``names``, each withheld (null) below :data:`MIN_SAMPLES`
+    values, and ``stats``: per output name, ``("mean", column)`` (the column's sum over
+    the group's rows divided by ``count``) or ``("max", column)``. A row holds one
+    bucket (``code``, ``n``) or a histogram (``codes`` and their ``counts``, two
+    lists); a group may have any number of rows (a bucket any number of times: the
+    histograms of several pieces need not be added first).
+
+    Spark puts each group's rows together (a shuffle by ``keys``, each partition sorted
+    by them, spilling when large) and the Python workers merge them a group at a time,
+    vectorised over the groups of a batch (:func:`_merge`): memory holds a batch and
+    one group, whatever the number of groups."""
     from pyspark.sql import functions as F
 
-    group = Window.partitionBy(*keys)
-    running = group.orderBy("code").rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    ranked = histogram.select(
-        "*",
-        F.sum("n").over(running).alias("_cum"),
-        F.sum("n").over(group).alias("_total"),
+    stats = dict(stats or {})
+    if "code" in histogram.columns:
+        histogram = histogram.withColumns(
+            {"codes": F.array(F.col("code").cast("int")), "counts": F.array(F.col("n").cast("int"))}
+        )
+    columns = {*keys, "codes", "counts", *(column for _, column in stats.values())}
+    fields = {f.name: f.dataType.simpleString() for f in histogram.schema.fields}
+    schema = ", ".join(
+        [
+            *(f"`{k}` {fields[k]}" for k in keys),
+            "`count` bigint",
+            *(f"`{name}` double" for name in (*names, *stats)),
+        ]
     )
-    found = [
-        F.min(
-            F.when(
-                F.col("_cum") >= F.greatest(F.lit(1), F.ceil(F.col("_total") * q - 1e-9)),
-                F.col("code"),
+    merge = _Merge(list(keys), list(qs), list(names), stats)
+    grouped = histogram.select(*sorted(columns)).repartition(*keys).sortWithinPartitions(*keys)
+    with warnings.catch_warnings():
+        # pyspark 4.x checks pandas for every Python function it is given, and warns
+        # about pandas >= 3, which this one does not use
+        warnings.filterwarnings(
+            "ignore", "PySpark does not yet fully support pandas", FutureWarning
+        )
+        return grouped.mapInArrow(merge, schema)
+
+
+class _Merge:
+    """The function :func:`quantiles` runs over each partition's batches (picklable)."""
+
+    def __init__(
+        self, keys: list[str], qs: list[float], names: list[str], stats: dict[str, tuple[str, str]]
+    ) -> None:
+        self.keys, self.qs, self.names, self.stats = keys, qs, names, stats
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        held: pa.Table | None = None
+        for batch in batches:
+            table = pa.Table.from_batches([batch])
+            table = table.set_column(
+                table.schema.get_field_index("counts"),
+                "counts",
+                table["counts"].cast(pa.list_(pa.int64())),
             )
-        ).alias(f"_q{i}")
-        for i, q in enumerate(qs)
-    ]
-    picked = ranked.groupBy(*keys).agg(F.max("_total").alias("count"), *found, *extra)
-    enough = F.col("count") >= MIN_SAMPLES
-    return picked.select(
-        *keys,
-        "count",
-        *(
-            F.when(enough, _spark_value(F.col(f"_q{i}"))).alias(name)
-            for i, name in enumerate(names)
-        ),
-        *picked.columns[len(keys) + 1 + len(qs) :],
-    )
+            if held is not None:
+                table = pa.concat_tables([held, table])
+            starts = _group_starts(table, self.keys)
+            # the last group can go on in the next batch: held until then, as one row
+            done, held = table.slice(0, starts[-2]), self._compacted(table.slice(starts[-2]))
+            if done.num_rows:
+                yield from self._merged(done, starts[:-2]).to_batches()
+        if held is not None and held.num_rows:
+            yield from self._merged(held, np.zeros(1, dtype=np.int64)).to_batches()
+
+    def _compacted(self, group: pa.Table) -> pa.Table:
+        """The rows of one group as one (its histogram's buckets added up): what is
+        held of a group stays one histogram's size however many batches it spans."""
+        if group.num_rows <= 1:
+            return group
+        codes = pc.list_flatten(group["codes"]).to_numpy()
+        buckets, where = np.unique(codes, return_inverse=True)
+        counts = np.bincount(
+            where, weights=pc.list_flatten(group["counts"]).to_numpy(), minlength=len(buckets)
+        )
+        row: dict[str, Any] = {name: group[name][:1] for name in group.column_names}
+        row["codes"] = pa.array([buckets.astype(np.int32)], group.schema.field("codes").type)
+        row["counts"] = pa.array([counts.astype(np.int64)], pa.list_(pa.int64()))
+        for how, column in self.stats.values():
+            values = group[column].to_numpy()
+            total = values.sum() if how == "mean" else values.max()
+            row[column] = pa.array([total], group.schema.field(column).type)
+        return pa.table(row, schema=group.schema)
+
+    def _merged(self, table: pa.Table, starts: np.ndarray) -> pa.Table:
+        lengths = pc.list_value_length(table["codes"]).to_numpy()
+        rows = np.diff(np.append(starts, table.num_rows))
+        group = np.repeat(np.repeat(np.arange(len(starts)), rows), lengths)
+        counts = pc.list_flatten(table["counts"]).to_numpy().astype(np.int64)
+        found, n = _merge(group, pc.list_flatten(table["codes"]).to_numpy(), counts, self.qs)
+        enough = n >= MIN_SAMPLES
+        columns: dict[str, Any] = {k: table[k].take(starts) for k in self.keys}
+        columns["count"] = pa.array(n, pa.int64())
+        for name, codes_of_q in zip(self.names, found, strict=True):
+            shown = _values(codes_of_q)
+            columns[name] = pa.array(shown, pa.float64(), mask=~enough)
+        for name, (how, column) in self.stats.items():
+            values = table[column].to_numpy().astype(np.float64)
+            if how == "mean":
+                total = np.add.reduceat(values, starts)
+                columns[name] = pa.array(total / np.maximum(n, 1), pa.float64(), mask=n == 0)
+            else:
+                columns[name] = pa.array(np.maximum.reduceat(values, starts), pa.float64())
+        return pa.table(columns)
 
 
-def _spark_value(code: Column) -> Column:
-    from pyspark.sql import functions as F
+def _group_starts(table: pa.Table, keys: list[str]) -> np.ndarray:
+    """The first row of each group of ``keys`` (rows sorted by them), and the row count
+    last."""
+    size = table.num_rows
+    first = np.zeros(size, dtype=bool)
+    first[:1] = True
+    for key in keys:
+        column = table[key].combine_chunks()
+        a, b = column[1:], column[:-1]
+        differ = pc.fill_null(pc.not_equal(a, b), False)
+        differ = pc.or_(differ, pc.xor(pc.is_null(a), pc.is_null(b)))
+        first[1:] |= differ.to_numpy(zero_copy_only=False)
+    return np.append(np.flatnonzero(first), size)
 
-    shown = F.lit(2.0 / (GAMMA + 1.0)) * F.pow(F.lit(GAMMA), F.abs(code) - F.lit(OFFSET))
-    return F.when(code == 0, F.lit(0.0)).otherwise(F.signum(code) * shown)
+
+def _merge(
+    group: np.ndarray, codes: np.ndarray, counts: np.ndarray, qs: Sequence[float]
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """Quantiles of many histograms at once: ``group`` numbers (0, 1, ...) the
+    histogram each (bucket ``code``, ``count``) belongs to. Returns, per ``q``, the
+    bucket code of each group's value of rank :func:`rank`, and each group's count."""
+    groups = int(group[-1]) + 1 if len(group) else 0
+    order = np.lexsort((codes, group))
+    cumulative = np.cumsum(counts[order])
+    n = np.bincount(group, weights=counts, minlength=groups).astype(np.int64)
+    before = np.concatenate([[0], np.cumsum(n)[:-1]])
+    found = []
+    for q in qs:
+        wanted = np.maximum(1, np.ceil(q * n - 1e-9)).astype(np.int64)
+        at = np.searchsorted(cumulative, before + wanted)
+        at = np.minimum(at, max(len(order) - 1, 0))
+        found.append(codes[order][at] if len(order) else np.zeros(groups, dtype=np.int64))
+    return found, n
+
+
+def _values(found: np.ndarray) -> np.ndarray:
+    """:func:`value` of many codes."""
+    magnitude = np.abs(found.astype(np.int64)) - OFFSET
+    shown = 2.0 * np.power(GAMMA, magnitude.astype(np.float64)) / (GAMMA + 1.0)
+    return np.where(found == 0, 0.0, np.where(found > 0, shown, -shown))

@@ -3,6 +3,7 @@ CDF and hop outcomes match the simulator's own figures and plain Python on the f
 
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from agiledart.analysis import Analysis, analyze
+from agiledart.analysis.partials import CURVE_POINTS
 from agiledart.analysis.simulated import main as simulated_main
 from agiledart.analysis.simulated import make_policy, trace_simulation
 from agiledart.bandit import SimResult, paper_network
@@ -20,6 +22,36 @@ from .traces import close, percentile_fits, read_csv, valid_records
 
 PACKETS = 120
 POLICIES = ("agiledart", "next-hop")
+#: packets of a series written apart: more than the regret curve has points
+BULK = 2500
+
+
+def _bulk(root: Path) -> int:
+    """A series of :data:`BULK` deliveries (policy ``bulk``) over two peers' files, which
+    see different ranges of ``k`` (so their buckets have different widths), one ``k``
+    delivered twice and every fifth without ``optimal_ms``; returns the deliveries."""
+    t0 = time.time() * 1000.0
+    written = 0
+    with TraceWriter(root, "bulk-1") as one, TraceWriter(root, "bulk-2") as two:
+        for k in [*range(1, BULK + 1), 1501]:
+            writer = one if k <= 900 or k % 10 == 0 else two
+            writer.emit(
+                "delivery",
+                ts=t0 + k,
+                app="bulk",
+                packet=str(written),
+                origin="a",
+                dest="b",
+                k=k,
+                path=["a", "b"],
+                attempts=1,
+                delay_ms=float(10 + k % 7),
+                optimal_ms=None if k % 5 == 0 else 9.0 + k % 3,
+                policy="bulk",
+                graph=None,
+            )
+            written += 1
+    return written
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +63,9 @@ def simulated(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
         with TraceWriter(root / "traces", f"sim-{name}", compress=name == "next-hop") as w:
             policy = make_policy(name, graph)
             results[name] = trace_simulation(graph, policy, w, packets=PACKETS, seed=5)
+    bulk = _bulk(root / "traces")
     analysis = analyze(root / "traces", root / "out", spark=spark)
-    return {"root": root, "graph": graph, "results": results, "analysis": analysis}
+    return {"root": root, "graph": graph, "results": results, "analysis": analysis, "bulk": bulk}
 
 
 def _table(simulated: dict[str, Any], name: str) -> list[dict[str, str]]:
@@ -51,23 +84,50 @@ def test_regret_curve_is_the_simulators(simulated: dict[str, Any]) -> None:
             assert r["graph"] == simulated["graph"].name
 
 
-def test_regret_curve_matches_plain_python(simulated: dict[str, Any]) -> None:
-    deliveries = [r for r in valid_records(simulated["root"] / "traces") if r["type"] == "delivery"]
+def _curve(deliveries: list[dict[str, Any]]) -> dict[tuple[Any, ...], tuple[int, float, float]]:
+    """The regret curve as docs/traces.md defines it, in plain Python: per series (the
+    deliveries with ``optimal_ms``), buckets of ``W`` consecutive ``k`` (``W`` the
+    smallest power of two making at most CURVE_POINTS of them), a point after each
+    bucket: (series..., its largest k) -> (packets so far, R so far, the bucket's mean
+    delay)."""
     series: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
     for d in deliveries:
-        series[(d["policy"], d["graph"], d["origin"], d["dest"])].append(d)
+        if d["optimal_ms"] is not None:
+            series[(d["policy"], d["graph"] or "", d["origin"], d["dest"])].append(d)
     expected = {}
     for key, items in series.items():
-        total = 0.0
-        for d in sorted(items, key=lambda d: d["k"]):
-            total += d["delay_ms"] - d["optimal_ms"]
-            expected[(*key, d["k"])] = total
+        width, last = 1, max(1, *(d["k"] for d in items))
+        while -(-last // width) > CURVE_POINTS:
+            width *= 2
+        buckets: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for d in items:
+            buckets[-(-d["k"] // width)].append(d)
+        packets, total = 0, 0.0
+        for bucket in sorted(buckets):
+            inside = buckets[bucket]
+            packets += len(inside)
+            total += sum(d["delay_ms"] - d["optimal_ms"] for d in inside)
+            delay = sum(d["delay_ms"] for d in inside) / len(inside)
+            expected[(*key, max(d["k"] for d in inside))] = (packets, total, delay)
+    return expected
+
+
+def test_regret_curve_matches_plain_python(simulated: dict[str, Any]) -> None:
+    deliveries = [r for r in valid_records(simulated["root"] / "traces") if r["type"] == "delivery"]
+    expected = _curve(deliveries)
     rows = _table(simulated, "regret")
     assert len(rows) == len(expected)
     for r in rows:
         key = (r["policy"], r["graph"], r["origin"], r["dest"], int(r["k"]))
-        assert close(float(r["regret_ms"]), expected[key])
+        packets, regret, delay = expected[key]
+        assert int(r["packets"]) == packets
+        assert close(float(r["regret_ms"]), regret)
+        assert close(float(r["delay_ms"]), delay)
+    bulk = [r for r in rows if r["policy"] == "bulk"]
+    assert len(bulk) == -(-BULK // 4)  # buckets of 4 packets: at most CURVE_POINTS
     summary = {r["policy"]: r for r in _table(simulated, "regret_summary")}
+    assert close(float(summary["bulk"]["regret_ms"]), float(bulk[-1]["regret_ms"]))
+    assert int(summary["bulk"]["without_optimal"]) == BULK // 5
     for name, result in simulated["results"].items():
         assert int(summary[name]["packets"]) == PACKETS
         assert close(float(summary[name]["regret_ms"]), float(result.regret()[-1]))
@@ -117,7 +177,7 @@ def test_report_has_routing_and_says_what_is_missing(simulated: dict[str, Any]) 
         assert (analysis.out / "plots" / f"{plot}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert page.count("no records of this type") == 8  # no tuple, opstats, placement...
     assert analysis.malformed_total == 0
-    assert analysis.records["delivery"] == PACKETS * len(POLICIES)
+    assert analysis.records["delivery"] == PACKETS * len(POLICIES) + simulated["bulk"]
 
 
 def test_the_converter_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,6 +9,7 @@ import random
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from agiledart.analysis.sketch import ALPHA, MIN_SAMPLES, ZERO, codes, quantiles, value
@@ -61,3 +62,41 @@ def test_merged_histograms_give_every_quantile_within_alpha(
             assert percentile_fits(got[group][name], xs, q), (group, q, got[group][name])
     assert got["few"]["q3"] is None
     assert got["one"]["q6"] is None
+
+
+def test_a_group_split_over_many_batches_merges_whole() -> None:
+    """The Python workers' merge (:func:`quantiles`' function) sees a partition a batch
+    at a time: a group whose rows span batches, one row per batch or more, gives the
+    figures of all its rows (what it holds of a group stays one row)."""
+    from agiledart.analysis.sketch import _Merge
+
+    rng = np.random.default_rng(1)
+    rows, seen = [], {}
+    for group in range(4):
+        for _ in range(7):  # pieces
+            x = rng.gamma(2.0, 8.0, 50)
+            seen.setdefault(group, []).extend(x.tolist())
+            found, n = np.unique(codes(x), return_counts=True)
+            rows.append({"g": group, "codes": found.tolist(), "counts": n.tolist(), "sum": x.sum()})
+    table = pa.Table.from_pylist(
+        rows,
+        schema=pa.schema(
+            [
+                ("g", pa.int64()),
+                ("codes", pa.list_(pa.int32())),
+                ("counts", pa.list_(pa.int32())),
+                ("sum", pa.float64()),
+            ]
+        ),
+    )
+    merge = _Merge(["g"], [0.5, 0.99], ["p50", "p99"], {"mean": ("mean", "sum")})
+    for size in (1, 3, 100):
+        batches = merge(iter(table.to_batches(max_chunksize=size)))
+        got = pa.Table.from_batches(list(batches)).to_pylist()
+        assert [r["g"] for r in got] == list(range(4))
+        for r in got:
+            xs = sorted(seen[r["g"]])
+            assert r["count"] == len(xs)
+            assert percentile_fits(r["p99"], xs, 0.99)
+            assert percentile_fits(r["p50"], xs, 0.5)
+            assert abs(r["mean"] - float(np.mean(xs))) < 1e-9

@@ -141,8 +141,34 @@ def _write(root: Path) -> None:
     w["p5"].emit("peer", ts=T0 + 10.0, event="joined", subject="p5", node_id=None, zone="z1")
     w["p1"].emit("peer", ts=T0 + 1900.0, event="suspected", subject="p4", node_id="ab", zone=None)
     w["p1"].emit("peer", ts=T0 + 2000.0, event="dead", subject="p4", node_id="ab", zone=None)
+    # two instances whose samples are in two files of their peer: one file after the
+    # other (the reader's runs join up; the counter goes down where they meet: a restart),
+    # and interleaved in time (the instance is computed from its records)
+    later = {("a2", "sort"): [(s, 100 * s if s < 4 else 10 * s) for s in range(7)]}
+    later[("a2", "join")] = [(s, 70 * s) for s in range(7)]
+
+    def samples(writer: TraceWriter, op: str, steps: list[tuple[int, int]]) -> None:
+        for s, counter in steps:
+            writer.emit(
+                "opstats",
+                ts=T0 + 700.0 + 700.0 * s,
+                app="a2",
+                operator=op,
+                records_in=counter,
+                records_out=counter // 2,
+                rate_in=10.0,
+                queue=s,
+                utilization=0.25,
+                service_us=None,
+            )
+
+    samples(w["p5"], "sort", later[("a2", "sort")][:4])
+    samples(w["p5"], "join", later[("a2", "join")][0::2])
     for writer in w.values():
         writer.close()
+    with TraceWriter(root, "p5", zone="z1") as second:
+        samples(second, "sort", later[("a2", "sort")][4:])
+        samples(second, "join", later[("a2", "join")][1::2])
 
 
 class _Lines(logging.Handler):
@@ -202,7 +228,7 @@ def test_every_record_is_read_gzip_included(synthetic: dict[str, Any]) -> None:
     assert analysis.malformed_total == 0
     table = {r["type"]: int(r["records"]) for r in _table(synthetic, "record_counts")}
     assert table["tuple"] == 2 * TUPLES
-    assert table["meta"] == 4
+    assert table["meta"] == 5
 
 
 def test_latency_percentiles_per_window(synthetic: dict[str, Any]) -> None:
@@ -244,6 +270,10 @@ def test_throughput_per_operator(synthetic: dict[str, Any]) -> None:
         assert close(float(r["out_per_s"]), out[(r["app"], r["operator"], int(r["window"]))])
     summary = {(r["app"], r["operator"]): r for r in _table(synthetic, "throughput_summary")}
     assert summary[("a1", "map")]["instances"] == "2"
+    for op in ("sort", "join"):
+        assert int(summary[("a2", op)]["records_in"]) == max(
+            r["records_in"] for r in _of(synthetic, "opstats") if r["operator"] == op
+        )
 
 
 def test_operators_per_peer(synthetic: dict[str, Any]) -> None:
