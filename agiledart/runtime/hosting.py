@@ -101,16 +101,16 @@ class Hosting:
         since the requester last looked (its adopter, while it was frozen or cut off),
         and is not the requester's to stop; the answer names its generation and the
         scheduler it reports to."""
-        fence = req.get("generation")
-        held = self.rt.instances.get(app_id_of(req))
+        app_id, fence = app_id_of(req), req.get("generation")
+        held = self.rt.instances.get(app_id)
         if held is not None and type(fence) is int and held.generation > fence:
             return {
                 "undeployed": False,
                 "generation": held.generation,
                 "scheduler": list(self.scheduler_of(held.deployment)),
             }
-        inst = self.rt.instances.pop(app_id_of(req), None)
-        self.rt.rebound.pop(app_id_of(req), None)
+        inst = self.rt.instances.pop(app_id, None)
+        self.rt.rebound.pop(app_id, None)
         if inst is not None:
             self.manifest_changed()
             await inst.aclose()

@@ -280,28 +280,26 @@ def test_aclose_stops_a_revisit_of_a_declined_adoption(monkeypatch: pytest.Monke
     asyncio.run(run())
 
 
-def test_a_recovery_is_listed_while_its_install_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An app whose replay is short ends inside the install of its new generation; its
-    final record (and status) must list the recovery all the same (found in CI: one run
-    in three of the sink-move test ended with `recoveries` empty)."""
+def recovering(
+    monkeypatch: pytest.MonkeyPatch,
+    s: Scheduler,
+    takeovers: list[tuple[str, Address]],
+    install: Any,
+) -> None:
+    """``s``'s recovery with every peer answering, the dead ones taken over by
+    ``takeovers`` in turn, and ``install`` in place of the deployment."""
     from agiledart.runtime import failover
 
-    rec = running_record("q-0")
-    rec.placement, rec.sources, rec.sinks = {"count": ["edge-2"]}, {"in": "sensor-1"}, {}
-    s = scheduler(Store())
-    seen: list[list[dict[str, Any]]] = []
+    turns = iter(takeovers)
 
     async def answers(rec: AppRecord, peer: str) -> bool:
         return True
 
     async def takeover(lost: str, *, exclude: set[str]) -> tuple[str, Address]:
-        return "edge-3", ("127.0.0.4", 1)
+        return next(turns)
 
     async def undeploy(rec: AppRecord, *, fenced: bool = False) -> list[Any]:
         return []
-
-    async def install(rec: AppRecord, *args: Any, **kwargs: Any) -> None:
-        seen.append(copy.deepcopy(rec.recoveries))  # what the app's end would store
 
     monkeypatch.setattr(s.hosts, "answers", answers)
     monkeypatch.setattr(s.hosts, "undeploy", undeploy)
@@ -311,6 +309,21 @@ def test_a_recovery_is_listed_while_its_install_runs(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(failover, "pinned_peers", lambda spec, rec: set())
     monkeypatch.setattr(failover, "app_hosts", lambda *args: {})
     monkeypatch.setattr(failover, "consumers_first", lambda *args: [])
+
+
+def test_a_recovery_is_listed_while_its_install_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An app whose replay is short ends inside the install of its new generation; its
+    final record (and status) must list the recovery all the same (found in CI: one run
+    in three of the sink-move test ended with `recoveries` empty)."""
+    rec = running_record("q-0")
+    rec.placement, rec.sources, rec.sinks = {"count": ["edge-2"]}, {"in": "sensor-1"}, {}
+    s = scheduler(Store())
+    seen: list[list[dict[str, Any]]] = []
+
+    async def install(rec: AppRecord, *args: Any, **kwargs: Any) -> None:
+        seen.append(copy.deepcopy(rec.recoveries))  # what the app's end would store
+
+    recovering(monkeypatch, s, [("edge-3", ("127.0.0.4", 1))], install)
     asyncio.run(s.recovery.restart_without(rec, "edge-2", 0.0))
     ((during,),) = seen
     assert (during["dead"], during["takeover"], during["seconds"]) == ("edge-2", "edge-3", None)
@@ -353,8 +366,6 @@ def test_a_second_recovery_from_one_checkpoint_restores_states_where_the_first_m
     last committed checkpoint, to its neighbour, which died too before the next
     checkpoint committed; the second recovery, from the same checkpoint, restored the
     state at the first dead peer, so nowhere: a 5 s window lost a second of counts."""
-    from agiledart.runtime import failover
-
     rec = running_record("q-0")
     rec.placement, rec.sources, rec.sinks = {"per-5s": ["edge-2"]}, {"in": "sensor-1"}, {}
     rec.checkpoint = {
@@ -364,29 +375,13 @@ def test_a_second_recovery_from_one_checkpoint_restores_states_where_the_first_m
         "states": [{"peer": "edge-2", "ops": ["per-5s"], "holders": [], "m": 2}],
     }
     s = scheduler(Store())
-    takeovers = iter([("edge-4", ("127.0.0.9", 1)), ("edge-1", ("127.0.0.6", 1))])
     restored: list[list[str]] = []
-
-    async def answers(rec: AppRecord, peer: str) -> bool:
-        return True
-
-    async def takeover(lost: str, *, exclude: set[str]) -> tuple[str, Address]:
-        return next(takeovers)
-
-    async def undeploy(rec: AppRecord, *, fenced: bool = False) -> list[Any]:
-        return []
 
     async def install(rec: AppRecord, *args: Any, restore: Any = None, **kwargs: Any) -> None:
         restored.append([e["peer"] for e in restore["states"]])
 
-    monkeypatch.setattr(s.hosts, "answers", answers)
-    monkeypatch.setattr(s.hosts, "undeploy", undeploy)
-    monkeypatch.setattr(s.recovery, "_takeover", takeover)
-    monkeypatch.setattr(s, "install", install)
-    monkeypatch.setattr(s, "spec_of", lambda rec: None)
-    monkeypatch.setattr(failover, "pinned_peers", lambda spec, rec: set())
-    monkeypatch.setattr(failover, "app_hosts", lambda *args: {})
-    monkeypatch.setattr(failover, "consumers_first", lambda *args: [])
+    takeovers = [("edge-4", ("127.0.0.9", 1)), ("edge-1", ("127.0.0.6", 1))]
+    recovering(monkeypatch, s, takeovers, install)
     asyncio.run(s.recovery.restart_without(rec, "edge-2", 0.0))
     asyncio.run(s.recovery.restart_without(rec, "edge-4", 0.0))
     assert restored == [["edge-4"], ["edge-1"]]
