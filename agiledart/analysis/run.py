@@ -165,9 +165,14 @@ def _run(
     context = spark.sparkContext
     run_id = uuid.uuid4().hex[:8]
 
+    tasks: dict[str, int] = {}
+
     def job(key: str) -> Section:
-        context.setJobGroup(f"agiledart-{run_id}-{key}", f"agiledart analyze: {key}")
+        group = f"agiledart-{run_id}-{key}"
+        context.setJobGroup(group, f"agiledart analyze: {key}")
         section = compute(key, frames)
+        # asked here, while other sections' jobs run, rather than all at the end
+        tasks[key] = _widest_stage(context, group)
         section.plots[:] = of_section(section)
         return section
 
@@ -189,11 +194,10 @@ def _run(
         except BaseException:
             pool.shutdown(cancel_futures=True)
             raise
-        tasks = {key: _widest_stage(context, f"agiledart-{run_id}-{key}") for key in SECTIONS}
         return (
             [sections[k] for k in order],
             [rendering[k].result() for k in order],
-            {k: n for k, n in tasks.items() if n},
+            {k: tasks[k] for k in SECTIONS if tasks.get(k)},
         )
 
 

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import DataFrame
 
 __all__ = [
     "ALPHA",
@@ -38,7 +38,6 @@ __all__ = [
     "codes",
     "quantiles",
     "rank",
-    "spark_codes",
     "value",
 ]
 
@@ -77,21 +76,6 @@ def value(code: int) -> float:
 def rank(q: float, n: int) -> int:
     """The rank (1-based) of the ``q``-quantile of ``n`` values."""
     return max(1, math.ceil(q * n - 1e-9))
-
-
-def spark_codes(column: str) -> Column:
-    """:func:`codes` as a Spark expression (for records read back from Parquet)."""
-    from pyspark.sql import functions as F
-
-    x = F.col(column).cast("double")
-    magnitude = F.abs(x)
-    # clipped before the ceiling (a double's infinity does not cast to a long)
-    scaled = F.least(
-        F.greatest(F.log(magnitude) / F.lit(_LOG_GAMMA), F.lit(1.0 - OFFSET)),
-        F.lit(OFFSET - 1.0),
-    )
-    index = F.ceil(scaled).cast("long") + F.lit(OFFSET)
-    return F.when(magnitude < ZERO, F.lit(0).cast("long")).when(x < 0, -index).otherwise(index)
 
 
 def quantiles(

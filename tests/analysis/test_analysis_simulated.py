@@ -201,3 +201,38 @@ def test_the_converter_command(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert (
         simulated_main(["--graph", str(tmp_path / "none.json"), "--trace-dir", str(tmp_path)]) == 1
     )
+
+
+def test_deliveries_without_optimal_delay_have_no_regret_curve(spark: Any, tmp_path: Path) -> None:
+    """A trace whose deliveries never carry ``optimal_ms`` (no optimum known): an empty
+    regret curve and no regret plot, the other routing tables and plots all there."""
+    t0 = time.time() * 1000.0
+    with TraceWriter(tmp_path / "traces", "peer-1") as writer:
+        for k in range(1, 41):
+            writer.emit(
+                "delivery",
+                ts=t0 + k,
+                app="a",
+                packet=str(k),
+                origin="a",
+                dest="c",
+                k=k,
+                path=["a", "b", "c"] if k % 4 else ["a", "c"],
+                attempts=1,
+                delay_ms=float(5 + k % 3),
+                optimal_ms=None,
+                policy="kl-ucb",
+                graph="g",
+            )
+    analysis = analyze(tmp_path / "traces", tmp_path / "out", spark=spark)
+    tables = analysis.out / "tables"
+    assert read_csv(tables / "regret.csv") == []
+    assert (tables / "regret.csv").read_text().startswith("policy,")  # the header only
+    paths = read_csv(tables / "paths.csv")
+    assert {r["path"]: int(r["packets"]) for r in paths} == {"a > b > c": 30, "a > c": 10}
+    assert sum(int(r["packets"]) for r in read_csv(tables / "delay_cdf.csv")[:1]) == 40
+    page = analysis.report.read_text()
+    assert 'src="plots/regret.png"' not in page
+    assert not (analysis.out / "plots" / "regret.png").exists()
+    for plot in ("paths", "delay_cdf"):
+        assert (analysis.out / "plots" / f"{plot}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
