@@ -24,6 +24,14 @@ is sampled every 0.2 s: ``peak_executor_mb`` is the largest, over both runs.
 in the main run (0 when every section is computed over partitions; on ``local[1]``
 Spark packs small inputs into one partition, which is not counted).
 
+A shared machine's speed moves from one minute to the next (the same analysis: 72 to
+92 CPU-seconds within an hour here), and the efficiency divides two runs' rates. With
+``--repeat N`` each of ``local[2]`` and ``local[1]`` analyzes N times, alternating, each
+run in a cold JVM (the first ``local[2]`` run as above): ``rows_per_s`` and
+``rows_per_s_local1`` are then the medians, every run's rate is listed in
+``rows_per_s_runs`` and ``rows_per_s_local1_runs``, and the other figures are the first
+pair's.
+
 A second anchor, measured in the same session after the analysis (its JIT warm):
 ``parse_rows_per_s``, Spark's JSON source parsing every line against the explicit
 union schema and nothing else (the ``noop`` sink): what reading alone would cost with
@@ -31,6 +39,7 @@ Spark's own reader, which the analysis used before it parsed with Arrow
 (:mod:`agiledart.analysis.parse`).
 
     python scripts/bench_analyze.py [--rows N] [--json] [--dir DIR] [--keep] [--no-local1]
+        [--repeat N]
 
 ``cpu_s`` is the CPU time the analysis took (the driver, the local JVM and its Python
 workers; in local mode only), next to the machine's ``load`` average at the end: on a
@@ -45,6 +54,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -331,8 +341,8 @@ class PeakMemory:
                 self.peak_mb = max(self.peak_mb, used)
 
 
-def _local1(traces: Path, conf: list[str]) -> dict[str, Any]:
-    """The analysis of ``traces`` on ``local[1]``, in a process of its own."""
+def _cold(traces: Path, conf: list[str], master: str = "local[1]") -> dict[str, Any]:
+    """The analysis of ``traces`` on ``master``, in a process (and a JVM) of its own."""
     settings = [a for kv in conf for a in ("--conf", kv)]
     proc = subprocess.run(
         [
@@ -341,7 +351,7 @@ def _local1(traces: Path, conf: list[str]) -> dict[str, Any]:
             "--traces",
             str(traces),
             "--master",
-            "local[1]",
+            master,
             "--json",
             "--no-local1",
             "--no-parse",
@@ -367,6 +377,14 @@ def main() -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-local1", action="store_true", help="skip the local[1] run")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="analyze N times on local[2] and on local[1], alternating, each in a cold JVM; "
+        "the rates are the medians (default 1)",
+    )
     parser.add_argument("--no-parse", action="store_true", help="skip the parsing anchor")
     parser.add_argument(
         "--traces", type=Path, help="analyze these traces instead of writing new ones"
@@ -401,18 +419,29 @@ def main() -> int:
             cpu_s = tree_cpu_s() - cpu_started
             parse_s = None if args.no_parse else _parse_only(spark, traces)
         print(f"analyzed {result.lines} lines in {seconds:.1f} s", file=sys.stderr)
-        rate = round(rows / seconds)
-        one = None if args.no_local1 else _local1(traces, args.conf)
+        twos, ones, peaks = [round(rows / seconds)], [], [memory.peak_mb]
+        one = None if args.no_local1 else _cold(traces, args.conf)
+        if one is not None:
+            ones.append(one["rows_per_s"])
+            peaks.append(one["peak_executor_mb"])
+            for n in range(2, args.repeat + 1):
+                print(f"run {n} of {args.repeat} on local[2] and local[1]", file=sys.stderr)
+                for runs, master in ((twos, args.master or "local[2]"), (ones, "local[1]")):
+                    again = _cold(traces, args.conf, master)
+                    runs.append(again["rows_per_s"])
+                    peaks.append(again["peak_executor_mb"])
+        rate = round(statistics.median(twos))
+        rate1 = round(statistics.median(ones)) if ones else None
         report: dict[str, Any] = {
             "rows_per_s": rate,
             "anchor_rows_per_s": ANCHOR_ROWS_PER_S,
-            "rows_per_s_local1": None if one is None else one["rows_per_s"],
+            "rows_per_s_local1": rate1,
             "local1_read_s": None if one is None else one["read_s"],
             "local1_jobs_s": None if one is None else one["jobs_s"],
-            "scaling_efficiency": None if one is None else round(rate / (2 * one["rows_per_s"]), 3),
-            "peak_executor_mb": round(
-                max(memory.peak_mb, 0.0 if one is None else one["peak_executor_mb"]), 1
-            ),
+            "scaling_efficiency": None if rate1 is None else round(rate / (2 * rate1), 3),
+            "rows_per_s_runs": twos,
+            "rows_per_s_local1_runs": ones,
+            "peak_executor_mb": round(max(peaks), 1),
             "single_task_sections": result.single_task_sections,
             "section_tasks": result.tasks,
             "parse_rows_per_s": None if parse_s is None else round(rows / parse_s),
