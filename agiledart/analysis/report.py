@@ -68,7 +68,7 @@ def csv_text(table: Table) -> str:
         out.writerows([_cell(v) for v in row] for row in table.rows)
     else:
         # what _cell does, but a NaN: the csv module writes None as "" and a float as
-        # its repr (a log table of 200,000 rows: a third of the time)
+        # its repr (a log table of 200,000 rows: 0.5 CPU-s against 0.75)
         out.writerows(table.rows)
     return text.getvalue()
 
