@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 
 from agiledart.analysis.frames import Frames, of_arrow
 from agiledart.analysis.model import Section
+from agiledart.analysis.partials import INSTANCE as _INSTANCE
 from agiledart.analysis.sketch import ALPHA, MIN_SAMPLES, quantiles
 
 __all__ = ["PERCENTILES", "latency_section", "throughput_section"]
@@ -78,7 +79,8 @@ def latency_section(frames: Frames) -> Section:
     return section
 
 
-INSTANCE = ["app", "operator", "peer"]
+#: an operator instance, as the reader's ``runs`` and ``rates`` partials key it
+INSTANCE = list(_INSTANCE)
 
 
 def _grown(counter: str, before: Column) -> Column:

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from agiledart.analysis.sketch import codes
+from agiledart.analysis.sketch import codes, group_starts
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -87,8 +87,7 @@ def _graph(table: pa.Table) -> pa.Array:
 
 
 def _latency(table: pa.Table, windows: Windows, run: int) -> pa.Table:
-    ts = table["ts"].to_numpy()
-    window = np.floor((ts - windows.t0_ms) / windows.window_ms).astype(np.int64)
+    window = _window(table["ts"].to_numpy(), windows)
     latency = table["latency_ms"]
     keyed = pa.table(
         {
@@ -135,15 +134,10 @@ def _histograms(rows: pa.Table) -> pa.Table:
     if not rows.num_rows:
         return HISTOGRAMS.empty_table()
     ordered = rows.sort_by([(name, "ascending") for name in (*keys, "code")]).combine_chunks()
-    size = ordered.num_rows
-    first = np.zeros(size, dtype=bool)
-    first[:1] = True
-    for name in keys:
-        column = ordered[name]
-        first[1:] |= pc.not_equal(column[1:], column[:-1]).to_numpy()
-    starts = np.flatnonzero(first)
+    bounds = group_starts(ordered, keys)
+    starts = bounds[:-1]
     counts = ordered["n"].to_numpy()
-    offsets = pa.array(np.append(starts, size).astype(np.int32))
+    offsets = pa.array(bounds.astype(np.int32))
     return pa.table(
         {
             **{name: ordered[name].take(starts) for name in keys},
@@ -325,10 +319,7 @@ def _samples(table: pa.Table) -> tuple[pa.Table, np.ndarray, np.ndarray]:
     ).combine_chunks()
     n = ordered.num_rows
     first = np.zeros(n, dtype=bool)
-    first[:1] = True
-    for name in INSTANCE:
-        column = ordered[name]
-        first[1:] |= pc.not_equal(column[1:], column[:-1]).to_numpy()
+    first[group_starts(ordered, INSTANCE)[:-1]] = True
     last = np.ones(n, dtype=bool)
     last[:-1] = first[1:]
     return ordered, first, last

@@ -24,6 +24,8 @@ tables from its ``attempts``. A null ``graph`` is shown as ``""``.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,7 +35,7 @@ from pyspark.sql import functions as F
 from agiledart.analysis.frames import Frames, collect, descending, of_arrow
 from agiledart.analysis.model import Section
 from agiledart.analysis.partials import CURVE_POINTS, SERIES
-from agiledart.analysis.sketch import ALPHA, MIN_SAMPLES, quantiles
+from agiledart.analysis.sketch import ALPHA, MIN_SAMPLES, group_starts, quantiles
 
 __all__ = ["CDF_POINTS", "CURVE_POINTS", "OUTCOMES", "routing_section", "shuffle_section"]
 
@@ -76,9 +78,8 @@ def _curve(frames: Frames) -> pa.Table:
     packets = merged["packets"].to_numpy()
     regret = merged["regret_sum"].to_numpy()
     cum_packets, cum_regret = np.empty_like(packets), np.empty_like(regret)
-    keys = [merged[name].to_pylist() for name in SERIES]
-    starts = [i for i in range(merged.num_rows) if i == 0 or any(c[i] != c[i - 1] for c in keys)]
-    for start, end in zip(starts, [*starts[1:], merged.num_rows][: len(starts)], strict=True):
+    bounds = group_starts(merged, SERIES)
+    for start, end in itertools.pairwise(bounds):
         cum_packets[start:end] = np.cumsum(packets[start:end])
         cum_regret[start:end] = np.cumsum(regret[start:end])
     n = merged["packets"].cast(pa.float64())

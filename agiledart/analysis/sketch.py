@@ -36,6 +36,7 @@ __all__ = [
     "MIN_SAMPLES",
     "ZERO",
     "codes",
+    "group_starts",
     "quantiles",
     "rank",
     "value",
@@ -143,7 +144,7 @@ class _Merge:
             )
             if held is not None:
                 table = pa.concat_tables([held, table])
-            starts = _group_starts(table, self.keys)
+            starts = group_starts(table, self.keys)
             # the last group can go on in the next batch: held until then, as one row
             done, held = table.slice(0, starts[-2]), self._compacted(table.slice(starts[-2]))
             if done.num_rows:
@@ -192,9 +193,9 @@ class _Merge:
         return pa.table(columns)
 
 
-def _group_starts(table: pa.Table, keys: list[str]) -> np.ndarray:
-    """The first row of each group of ``keys`` (rows sorted by them), and the row count
-    last."""
+def group_starts(table: pa.Table, keys: Sequence[str]) -> np.ndarray:
+    """The first row of each group of ``keys`` (rows sorted by them; a null equals a
+    null), and the row count last."""
     size = table.num_rows
     first = np.zeros(size, dtype=bool)
     first[:1] = True
