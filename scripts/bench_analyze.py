@@ -29,8 +29,23 @@ A shared machine's speed moves from one minute to the next (the same analysis: 7
 ``--repeat N`` each of ``local[2]`` and ``local[1]`` analyzes N times, alternating, each
 run in a cold JVM (the first ``local[2]`` run as above): ``rows_per_s`` and
 ``rows_per_s_local1`` are then the medians, every run's rate is listed in
-``rows_per_s_runs`` and ``rows_per_s_local1_runs``, and the other figures are the first
-pair's.
+``rows_per_s_runs`` and ``rows_per_s_local1_runs`` (and each pair's efficiency in
+``scaling_efficiency_runs``), and the other figures are the first pair's.
+
+What the machine allows, in the same run: ``parse_scaling_efficiency`` is the
+reader's own work without Spark (:func:`~agiledart.analysis.parse.write_piece` over up
+to :data:`ANCHOR_PIECES` pieces of the traces) done by one process, then split between
+two processes at once: time alone / (2 x time of the slower of the two), the median
+of ``--repeat`` measurements. Reading is the part of the analysis that scales, and
+the analysis's reading (``read_scaling_efficiency`` = ``local1_read_s`` / (2 x
+``read_s``), medians with ``--repeat``) can hardly scale better than the machine lets
+the reader's work; while the jobs after it do not scale, ``scaling_efficiency`` stays
+below the reading's.
+With ``--one-cpu``, ``local[1]`` is also analyzed in a process bound to one CPU (its
+driver, JVM and Python workers: what a one-core machine has), as many times as the
+other masters: ``rows_per_s_one_cpu`` and ``scaling_efficiency_one_cpu`` = rate on two
+cores / (2 x that rate). The issue's ``scaling_efficiency`` keeps ``local[1]`` as Spark
+runs it, its driver free to use the second core.
 
 A second anchor, measured in the same session after the analysis (its JIT warm):
 ``parse_rows_per_s``, Spark's JSON source parsing every line against the explicit
@@ -39,7 +54,7 @@ Spark's own reader, which the analysis used before it parsed with Arrow
 (:mod:`agiledart.analysis.parse`).
 
     python scripts/bench_analyze.py [--rows N] [--json] [--dir DIR] [--keep] [--no-local1]
-        [--repeat N]
+        [--repeat N] [--one-cpu]
 
 ``cpu_s`` is the CPU time the analysis took (the driver, the local JVM and its Python
 workers; in local mode only), next to the machine's ``load`` average at the end: on a
@@ -66,6 +81,8 @@ from typing import Any
 import numpy as np
 
 ANCHOR_ROWS_PER_S = 200_000
+#: pieces of the traces the machine's scaling anchor parses (the largest first)
+ANCHOR_PIECES = 16
 PEERS = 8
 FILE_LINES = 1_000_000
 CHUNK = 500_000
@@ -254,6 +271,63 @@ def _parse_only(spark: Any, traces: Path) -> float:
     return time.perf_counter() - started
 
 
+def _parse_share(traces: str, share: int, shares: int, target: str, ready: Any, out: Any) -> None:
+    """Parse every ``shares``-th of the anchor's pieces of ``traces`` (from the
+    ``share``-th) as the reader's tasks do, into ``target``, once every process sharing
+    the work is ready (imported, its pieces chosen); put the seconds it took in ``out``."""
+    from agiledart.analysis.parse import pieces, write_piece
+    from agiledart.analysis.partials import Windows
+    from agiledart.traces.writer import trace_files
+
+    chosen = sorted(pieces(trace_files(Path(traces))), key=lambda p: (-_span(p), p.path))
+    mine = [(n, p) for n, p in enumerate(chosen[:ANCHOR_PIECES]) if n % shares == share]
+    windows = Windows(T0, 1000.0)
+    Path(target).mkdir(parents=True)
+    ready.wait(timeout=300)
+    started = time.perf_counter()
+    for n, piece in mine:
+        write_piece(n, piece, target, windows)
+    out.put(time.perf_counter() - started)
+
+
+def _span(piece: Any) -> int:
+    return int(piece.end - piece.start) if piece.end >= 0 else Path(piece.path).stat().st_size
+
+
+def parse_scaling(traces: Path) -> float:
+    """The machine's anchor for the analysis's scaling: the reader's work done by one
+    process, then split between two that start it together; time alone / (2 x the
+    slower half)."""
+    from multiprocessing import get_context
+
+    spawn = get_context("spawn")
+
+    def slowest(shares: int, scratch: str) -> float:
+        ready, out = spawn.Barrier(shares), spawn.Queue()
+        procs = [
+            spawn.Process(
+                target=_parse_share,
+                args=(str(traces), k, shares, f"{scratch}/{shares}-{k}", ready, out),
+            )
+            for k in range(shares)
+        ]
+        for proc in procs:
+            proc.start()
+        try:
+            # a process that failed never puts: its partner's barrier breaks, and this waits
+            # no longer than that
+            took = [out.get(timeout=900) for _ in procs]
+        finally:
+            for proc in procs:
+                proc.join(timeout=5)
+                if proc.is_alive():
+                    proc.terminate()
+        return max(took)
+
+    with tempfile.TemporaryDirectory(prefix="bench-pieces-") as scratch:
+        return slowest(1, scratch) / (2 * slowest(2, scratch))
+
+
 _EXECUTOR = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 
 
@@ -341,8 +415,16 @@ class PeakMemory:
                 self.peak_mb = max(self.peak_mb, used)
 
 
-def _cold(traces: Path, conf: list[str], master: str = "local[1]") -> dict[str, Any]:
-    """The analysis of ``traces`` on ``master``, in a process (and a JVM) of its own."""
+def _one_cpu() -> None:
+    """Bind this process (and what it starts) to the first CPU it may run on."""
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
+def _cold(
+    traces: Path, conf: list[str], master: str = "local[1]", *, one_cpu: bool = False
+) -> dict[str, Any]:
+    """The analysis of ``traces`` on ``master``, in a process (and a JVM) of its own;
+    with ``one_cpu``, bound to one CPU."""
     settings = [a for kv in conf for a in ("--conf", kv)]
     proc = subprocess.run(
         [
@@ -360,6 +442,7 @@ def _cold(traces: Path, conf: list[str], master: str = "local[1]") -> dict[str, 
         check=True,
         capture_output=True,
         text=True,
+        preexec_fn=_one_cpu if one_cpu else None,
     )
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
@@ -384,6 +467,11 @@ def main() -> int:
         metavar="N",
         help="analyze N times on local[2] and on local[1], alternating, each in a cold JVM; "
         "the rates are the medians (default 1)",
+    )
+    parser.add_argument(
+        "--one-cpu",
+        action="store_true",
+        help="also analyze on local[1] bound to one CPU (rows_per_s_one_cpu)",
     )
     parser.add_argument("--no-parse", action="store_true", help="skip the parsing anchor")
     parser.add_argument(
@@ -419,19 +507,37 @@ def main() -> int:
             cpu_s = tree_cpu_s() - cpu_started
             parse_s = None if args.no_parse else _parse_only(spark, traces)
         print(f"analyzed {result.lines} lines in {seconds:.1f} s", file=sys.stderr)
-        twos, ones, peaks = [round(rows / seconds)], [], [memory.peak_mb]
+        twos, ones, pinned, peaks = [round(rows / seconds)], [], [], [memory.peak_mb]
+        reads: dict[str, list[float]] = {"two": [result.timings["read_s"]], "one": []}
         one = None if args.no_local1 else _cold(traces, args.conf)
         if one is not None:
             ones.append(one["rows_per_s"])
+            reads["one"].append(one["read_s"])
             peaks.append(one["peak_executor_mb"])
-            for n in range(2, args.repeat + 1):
-                print(f"run {n} of {args.repeat} on local[2] and local[1]", file=sys.stderr)
-                for runs, master in ((twos, args.master or "local[2]"), (ones, "local[1]")):
-                    again = _cold(traces, args.conf, master)
-                    runs.append(again["rows_per_s"])
-                    peaks.append(again["peak_executor_mb"])
+            for n in range(1, args.repeat + 1):
+                if n > 1:
+                    print(f"run {n} of {args.repeat} on local[2] and local[1]", file=sys.stderr)
+                    for runs, key, master in (
+                        (twos, "two", args.master or "local[2]"),
+                        (ones, "one", "local[1]"),
+                    ):
+                        again = _cold(traces, args.conf, master)
+                        runs.append(again["rows_per_s"])
+                        reads[key].append(again["read_s"])
+                        peaks.append(again["peak_executor_mb"])
+                if args.one_cpu:
+                    print(f"run {n} of {args.repeat} on local[1], one CPU", file=sys.stderr)
+                    pinned.append(_cold(traces, args.conf, one_cpu=True)["rows_per_s"])
+        # the machine's anchor, as many times as the analysis pairs (the median)
+        machine = None
+        if not args.no_local1:
+            print("the reader's work alone and halved, without Spark", file=sys.stderr)
+            machine = statistics.median(parse_scaling(traces) for _ in range(args.repeat))
         rate = round(statistics.median(twos))
         rate1 = round(statistics.median(ones)) if ones else None
+        rate_one_cpu = round(statistics.median(pinned)) if pinned else None
+        read_two = statistics.median(reads["two"])
+        read_one = statistics.median(reads["one"]) if reads["one"] else None
         report: dict[str, Any] = {
             "rows_per_s": rate,
             "anchor_rows_per_s": ANCHOR_ROWS_PER_S,
@@ -441,6 +547,19 @@ def main() -> int:
             "scaling_efficiency": None if rate1 is None else round(rate / (2 * rate1), 3),
             "rows_per_s_runs": twos,
             "rows_per_s_local1_runs": ones,
+            # each pair's own (its two runs one after the other)
+            "scaling_efficiency_runs": [
+                round(two / (2 * one), 3) for two, one in zip(twos, ones, strict=False)
+            ],
+            "read_scaling_efficiency": None
+            if read_one is None or read_two <= 0
+            else round(read_one / (2 * read_two), 3),
+            "parse_scaling_efficiency": None if machine is None else round(machine, 3),
+            "rows_per_s_one_cpu": rate_one_cpu,
+            "scaling_efficiency_one_cpu": None
+            if rate_one_cpu is None
+            else round(rate / (2 * rate_one_cpu), 3),
+            "rows_per_s_one_cpu_runs": pinned,
             "peak_executor_mb": round(max(peaks), 1),
             "single_task_sections": result.single_task_sections,
             "section_tasks": result.tasks,

@@ -1,13 +1,17 @@
 """scripts/bench_analyze.py keeps its output contract (a quick run: 20,000 lines, twice
-on each master), with the local[1] run, the scaling efficiency, the executors' peak
-memory and the sections that ran as one task (none)."""
+on each master), with the local[1] run, the scaling efficiencies and the machine's
+anchor for them, the executors' peak memory and the sections that ran as one task
+(none); ``--one-cpu`` binds its local[1] runs to one CPU."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,6 +48,44 @@ def test_a_quick_run_reports_rows_per_second_beside_its_anchors() -> None:
     assert report["scaling_efficiency"] == pytest.approx(
         report["rows_per_s"] / (2 * report["rows_per_s_local1"]), abs=0.002
     )
+    # without --one-cpu (each such run is a cold JVM on one CPU: see the test below)
+    assert report["rows_per_s_one_cpu"] is None
+    assert report["scaling_efficiency_one_cpu"] is None
+    assert report["rows_per_s_one_cpu_runs"] == []
+    # ratios of two timings each: positive, and not past what two cores can give by much
+    for key in ("read_scaling_efficiency", "parse_scaling_efficiency"):
+        assert 0 < report[key] < 2, key
+    assert report["scaling_efficiency_runs"] == [
+        pytest.approx(two / (2 * one), abs=0.002)
+        for two, one in zip(
+            report["rows_per_s_runs"], report["rows_per_s_local1_runs"], strict=True
+        )
+    ]
     assert report["peak_executor_mb"] > 100  # a JVM at least
     assert report["single_task_sections"] == 0
     assert len(report["section_tasks"]) == 10
+
+
+def _bench() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_analyze", SCRIPT)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_one_cpu_binds_a_run_and_what_it_starts_to_a_single_cpu() -> None:
+    bench = _bench()
+    # what _cold(..., one_cpu=True) starts its analysis with, and a process it starts
+    code = "import os, subprocess, sys; print(len(os.sched_getaffinity(0)))"
+    child = f"{code}; subprocess.run([sys.executable, '-c', {code!r}], check=True)"
+    proc = subprocess.run(
+        [sys.executable, "-c", child],
+        check=True,
+        capture_output=True,
+        text=True,
+        preexec_fn=bench._one_cpu,
+    )
+    assert proc.stdout.split() == ["1", "1"]
