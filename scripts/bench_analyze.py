@@ -415,6 +415,46 @@ class PeakMemory:
                 self.peak_mb = max(self.peak_mb, used)
 
 
+def rates(
+    twos: list[int],
+    ones: list[int],
+    pinned: list[int],
+    read_twos: list[float],
+    read_ones: list[float],
+    machine: float | None,
+) -> dict[str, Any]:
+    """The rates and efficiencies of the report from every run's figures, in the order
+    the runs alternated: rows/s on ``local[2]`` (``twos``), ``local[1]`` (``ones``) and
+    ``local[1]`` on one CPU (``pinned``), the reading's seconds on the first two, and
+    the machine's anchor."""
+    rate = round(statistics.median(twos))
+    rate1 = round(statistics.median(ones)) if ones else None
+    rate_one_cpu = round(statistics.median(pinned)) if pinned else None
+    read_two = statistics.median(read_twos)
+    read_one = statistics.median(read_ones) if read_ones else None
+    return {
+        "rows_per_s": rate,
+        "anchor_rows_per_s": ANCHOR_ROWS_PER_S,
+        "rows_per_s_local1": rate1,
+        "scaling_efficiency": None if rate1 is None else round(rate / (2 * rate1), 3),
+        "rows_per_s_runs": twos,
+        "rows_per_s_local1_runs": ones,
+        # each pair's own (its two runs one after the other)
+        "scaling_efficiency_runs": [
+            round(two / (2 * one), 3) for two, one in zip(twos, ones, strict=False)
+        ],
+        "read_scaling_efficiency": None
+        if read_one is None or read_two <= 0
+        else round(read_one / (2 * read_two), 3),
+        "parse_scaling_efficiency": None if machine is None else round(machine, 3),
+        "rows_per_s_one_cpu": rate_one_cpu,
+        "scaling_efficiency_one_cpu": None
+        if rate_one_cpu is None
+        else round(rate / (2 * rate_one_cpu), 3),
+        "rows_per_s_one_cpu_runs": pinned,
+    }
+
+
 def _one_cpu() -> None:
     """Bind this process (and what it starts) to the first CPU it may run on."""
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
@@ -533,33 +573,10 @@ def main() -> int:
         if not args.no_local1:
             print("the reader's work alone and halved, without Spark", file=sys.stderr)
             machine = statistics.median(parse_scaling(traces) for _ in range(args.repeat))
-        rate = round(statistics.median(twos))
-        rate1 = round(statistics.median(ones)) if ones else None
-        rate_one_cpu = round(statistics.median(pinned)) if pinned else None
-        read_two = statistics.median(reads["two"])
-        read_one = statistics.median(reads["one"]) if reads["one"] else None
         report: dict[str, Any] = {
-            "rows_per_s": rate,
-            "anchor_rows_per_s": ANCHOR_ROWS_PER_S,
-            "rows_per_s_local1": rate1,
+            **rates(twos, ones, pinned, reads["two"], reads["one"], machine),
             "local1_read_s": None if one is None else one["read_s"],
             "local1_jobs_s": None if one is None else one["jobs_s"],
-            "scaling_efficiency": None if rate1 is None else round(rate / (2 * rate1), 3),
-            "rows_per_s_runs": twos,
-            "rows_per_s_local1_runs": ones,
-            # each pair's own (its two runs one after the other)
-            "scaling_efficiency_runs": [
-                round(two / (2 * one), 3) for two, one in zip(twos, ones, strict=False)
-            ],
-            "read_scaling_efficiency": None
-            if read_one is None or read_two <= 0
-            else round(read_one / (2 * read_two), 3),
-            "parse_scaling_efficiency": None if machine is None else round(machine, 3),
-            "rows_per_s_one_cpu": rate_one_cpu,
-            "scaling_efficiency_one_cpu": None
-            if rate_one_cpu is None
-            else round(rate / (2 * rate_one_cpu), 3),
-            "rows_per_s_one_cpu_runs": pinned,
             "peak_executor_mb": round(max(peaks), 1),
             "single_task_sections": result.single_task_sections,
             "section_tasks": result.tasks,
