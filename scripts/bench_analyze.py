@@ -415,6 +415,16 @@ class PeakMemory:
                 self.peak_mb = max(self.peak_mb, used)
 
 
+def _median(values: list[Any]) -> Any:
+    """The median of ``values``, or None for none."""
+    return statistics.median(values) if values else None
+
+
+def _efficiency(two: float | None, one: float | None) -> float | None:
+    """``two / (2 x one)``, rounded (None without a positive ``one``)."""
+    return None if two is None or one is None or one <= 0 else round(two / (2 * one), 3)
+
+
 def rates(
     twos: list[int],
     ones: list[int],
@@ -430,27 +440,22 @@ def rates(
     rate = round(statistics.median(twos))
     rate1 = round(statistics.median(ones)) if ones else None
     rate_one_cpu = round(statistics.median(pinned)) if pinned else None
-    read_two = statistics.median(read_twos)
-    read_one = statistics.median(read_ones) if read_ones else None
     return {
         "rows_per_s": rate,
         "anchor_rows_per_s": ANCHOR_ROWS_PER_S,
         "rows_per_s_local1": rate1,
-        "scaling_efficiency": None if rate1 is None else round(rate / (2 * rate1), 3),
+        "scaling_efficiency": _efficiency(rate, rate1),
         "rows_per_s_runs": twos,
         "rows_per_s_local1_runs": ones,
         # each pair's own (its two runs one after the other)
         "scaling_efficiency_runs": [
-            round(two / (2 * one), 3) for two, one in zip(twos, ones, strict=False)
+            _efficiency(two, one) for two, one in zip(twos, ones, strict=False)
         ],
-        "read_scaling_efficiency": None
-        if read_one is None or read_two <= 0
-        else round(read_one / (2 * read_two), 3),
+        # seconds, not rates: one core's over twice two cores'
+        "read_scaling_efficiency": _efficiency(_median(read_ones), _median(read_twos)),
         "parse_scaling_efficiency": None if machine is None else round(machine, 3),
         "rows_per_s_one_cpu": rate_one_cpu,
-        "scaling_efficiency_one_cpu": None
-        if rate_one_cpu is None
-        else round(rate / (2 * rate_one_cpu), 3),
+        "scaling_efficiency_one_cpu": _efficiency(rate, rate_one_cpu),
         "rows_per_s_one_cpu_runs": pinned,
     }
 
