@@ -47,6 +47,14 @@ other masters: ``rows_per_s_one_cpu`` and ``scaling_efficiency_one_cpu`` = rate 
 cores / (2 x that rate). The issue's ``scaling_efficiency`` keeps ``local[1]`` as Spark
 runs it, its driver free to use the second core.
 
+With ``--warm``, every run on ``local[2]`` and ``local[1]`` analyzes the traces a
+second time in the same session, after the first (its JVM warm: classes loaded, Spark
+SQL's session state made, code compiled): ``rows_per_s_warm``,
+``rows_per_s_local1_warm`` (medians; every run's in ``..._runs``) and
+``scaling_efficiency_warm``, what a long-lived session (a notebook, a ``spark-submit``
+job that analyzes several directories) gets from the second analysis on. The other
+figures stay the first, cold, analysis's.
+
 A second anchor, measured in the same session after the analysis (its JIT warm):
 ``parse_rows_per_s``, Spark's JSON source parsing every line against the explicit
 union schema and nothing else (the ``noop`` sink): what reading alone would cost with
@@ -54,7 +62,7 @@ Spark's own reader, which the analysis used before it parsed with Arrow
 (:mod:`agiledart.analysis.parse`).
 
     python scripts/bench_analyze.py [--rows N] [--json] [--dir DIR] [--keep] [--no-local1]
-        [--repeat N] [--one-cpu]
+        [--repeat N] [--one-cpu] [--warm]
 
 ``cpu_s`` is the CPU time the analysis took (the driver, the local JVM and its Python
 workers; in local mode only), next to the machine's ``load`` average at the end: on a
@@ -460,16 +468,35 @@ def rates(
     }
 
 
+def warm_rates(twos: list[int], ones: list[int]) -> dict[str, Any]:
+    """The figures of ``--warm`` from the second analyses' rows/s on ``local[2]``
+    (``twos``) and ``local[1]`` (``ones``), None without them."""
+    two, one = _median(twos), _median(ones)
+    return {
+        "rows_per_s_warm": None if two is None else round(two),
+        "rows_per_s_local1_warm": None if one is None else round(one),
+        "scaling_efficiency_warm": _efficiency(two, one),
+        "rows_per_s_warm_runs": twos,
+        "rows_per_s_local1_warm_runs": ones,
+    }
+
+
 def _one_cpu() -> None:
     """Bind this process (and what it starts) to the first CPU it may run on."""
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
 
 def _cold(
-    traces: Path, conf: list[str], master: str = "local[1]", *, one_cpu: bool = False
+    traces: Path,
+    conf: list[str],
+    master: str = "local[1]",
+    *,
+    one_cpu: bool = False,
+    warm: bool = False,
 ) -> dict[str, Any]:
     """The analysis of ``traces`` on ``master``, in a process (and a JVM) of its own;
-    with ``one_cpu``, bound to one CPU."""
+    with ``one_cpu``, bound to one CPU; with ``warm``, followed by a second one in the
+    same session (``rows_per_s_warm``)."""
     settings = [a for kv in conf for a in ("--conf", kv)]
     proc = subprocess.run(
         [
@@ -482,6 +509,7 @@ def _cold(
             "--json",
             "--no-local1",
             "--no-parse",
+            *(["--warm"] if warm else []),
             *settings,
         ],
         check=True,
@@ -518,6 +546,11 @@ def main() -> int:
         action="store_true",
         help="also analyze on local[1] bound to one CPU (rows_per_s_one_cpu)",
     )
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="also analyze a second time in each run's session, its JVM warm (rows_per_s_warm)",
+    )
     parser.add_argument("--no-parse", action="store_true", help="skip the parsing anchor")
     parser.add_argument(
         "--traces", type=Path, help="analyze these traces instead of writing new ones"
@@ -550,12 +583,18 @@ def main() -> int:
                 result = analyze(traces, out, spark=spark)
             seconds = time.perf_counter() - started
             cpu_s = tree_cpu_s() - cpu_started
+            warm: dict[str, list[int]] = {"two": [], "one": []}
+            if args.warm:
+                again_at = time.perf_counter()
+                analyze(traces, out, spark=spark)
+                warm["two"].append(round(rows / (time.perf_counter() - again_at)))
             parse_s = None if args.no_parse else _parse_only(spark, traces)
         print(f"analyzed {result.lines} lines in {seconds:.1f} s", file=sys.stderr)
         twos, ones, pinned, peaks = [round(rows / seconds)], [], [], [memory.peak_mb]
         reads: dict[str, list[float]] = {"two": [result.timings["read_s"]], "one": []}
-        one = None if args.no_local1 else _cold(traces, args.conf)
+        one = None if args.no_local1 else _cold(traces, args.conf, warm=args.warm)
         if one is not None:
+            warm["one"] += one["rows_per_s_warm_runs"]
             ones.append(one["rows_per_s"])
             reads["one"].append(one["read_s"])
             peaks.append(one["peak_executor_mb"])
@@ -566,8 +605,9 @@ def main() -> int:
                         (twos, "two", args.master or "local[2]"),
                         (ones, "one", "local[1]"),
                     ):
-                        again = _cold(traces, args.conf, master)
+                        again = _cold(traces, args.conf, master, warm=args.warm)
                         runs.append(again["rows_per_s"])
+                        warm[key] += again["rows_per_s_warm_runs"]
                         reads[key].append(again["read_s"])
                         peaks.append(again["peak_executor_mb"])
                 if args.one_cpu:
@@ -580,6 +620,7 @@ def main() -> int:
             machine = statistics.median(parse_scaling(traces) for _ in range(args.repeat))
         report: dict[str, Any] = {
             **rates(twos, ones, pinned, reads["two"], reads["one"], machine),
+            **warm_rates(warm["two"], warm["one"]),
             "local1_read_s": None if one is None else one["read_s"],
             "local1_jobs_s": None if one is None else one["jobs_s"],
             "peak_executor_mb": round(max(peaks), 1),

@@ -1,8 +1,9 @@
 """scripts/bench_analyze.py keeps its output contract (a quick run: 20,000 lines, once
 on each master), with the local[1] run, the scaling efficiencies and the machine's
 anchor for them, the executors' peak memory and the sections that ran as one task
-(none); ``--repeat`` reports medians and each pair's efficiency; ``--one-cpu`` binds
-its local[1] runs to one CPU. (Each more run is a cold JVM: the medians and the binding
+(none), and with ``--warm`` each master's second analysis in its session; ``--repeat``
+reports medians and each pair's efficiency; ``--one-cpu`` binds its local[1] runs to
+one CPU. (Each more run is a cold JVM: the medians and the binding
 are tested on their own.)"""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_analyze.py"
 
 def test_a_quick_run_reports_rows_per_second_beside_its_anchors() -> None:
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--rows", "20000", "--json"],
+        [sys.executable, str(SCRIPT), "--rows", "20000", "--json", "--warm"],
         check=True,
         capture_output=True,
         text=True,
@@ -47,6 +48,14 @@ def test_a_quick_run_reports_rows_per_second_beside_its_anchors() -> None:
     assert report["rows_per_s_local1"] > 0
     assert report["scaling_efficiency"] == pytest.approx(
         report["rows_per_s"] / (2 * report["rows_per_s_local1"]), abs=0.002
+    )
+    # --warm: a second analysis in each master's session, the first figures unchanged
+    assert len(report["rows_per_s_warm_runs"]) == 1
+    assert len(report["rows_per_s_local1_warm_runs"]) == 1
+    assert report["rows_per_s_warm"] == report["rows_per_s_warm_runs"][0] > 0
+    assert report["rows_per_s_local1_warm"] == report["rows_per_s_local1_warm_runs"][0] > 0
+    assert report["scaling_efficiency_warm"] == pytest.approx(
+        report["rows_per_s_warm"] / (2 * report["rows_per_s_local1_warm"]), abs=0.002
     )
     # without --one-cpu
     assert report["rows_per_s_one_cpu"] is None
@@ -96,6 +105,19 @@ def test_repeated_runs_report_the_medians_and_each_pairs_efficiency() -> None:
     assert alone["read_scaling_efficiency"] is None
     assert alone["scaling_efficiency_runs"] == []
     assert alone["scaling_efficiency_one_cpu"] is None
+
+
+def test_warm_runs_report_their_medians_and_nothing_without_them() -> None:
+    bench = _bench()
+    out = bench.warm_rates([300_000, 280_000, 320_000], [200_000, 180_000, 190_000])
+    assert out["rows_per_s_warm"] == 300_000
+    assert out["rows_per_s_local1_warm"] == 190_000
+    assert out["scaling_efficiency_warm"] == 0.789  # 300,000 / (2 x 190,000)
+    assert out["rows_per_s_warm_runs"] == [300_000, 280_000, 320_000]
+    none = bench.warm_rates([], [])
+    assert none["rows_per_s_warm"] is None
+    assert none["scaling_efficiency_warm"] is None
+    assert none["rows_per_s_local1_warm_runs"] == []
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
