@@ -1,18 +1,20 @@
 """Reading a trace directory in Spark, counting the lines that do not fit the schema.
 
-Theory of operation: one Spark job reads every trace file once. Its tasks are the
-*pieces* of the files (byte ranges of about 64 MB of a plain ``.ndjson`` file, a whole
-``.ndjson.gz``; a gzip file cut short, as a killed peer leaves it, is read up to the
-cut), and each task, in Spark's Python worker, parses its lines with Arrow's JSON reader
-against the explicit schema of each record type (:mod:`~agiledart.analysis.parse`,
-where the rules are), gives each line one verdict, and writes the valid records of each
-type as Parquet files: ``ts``, ``peer`` and the fields the analysis reads
-(:data:`~agiledart.analysis.schemas.ANALYZED`), under ``<parts>/<type>/`` (in the
-output directory, which every executor reaches), but for the types whose sections
-need only partial aggregates, which the task computes from the records it parsed and
-writes instead (:mod:`~agiledart.analysis.partials`). Arrow judges a whole block of
-lines with a few vectorised comparisons, and these files are what the sections'
-queries scan in parallel partitions (:class:`~agiledart.analysis.frames.Frames`).
+Theory of operation: one Spark job reads every trace file once (after a small one that
+reads the first lines of each, where the trace's start nearly always is: the tasks
+number time windows from it). Its tasks are the *pieces* of the files (byte ranges of
+about 64 MB of a plain ``.ndjson`` file, a whole ``.ndjson.gz``; a gzip file cut short,
+as a killed peer leaves it, is read up to the cut), and each task, in Spark's Python
+worker, parses its lines with Arrow's JSON reader against the explicit schema of each
+record type (:mod:`~agiledart.analysis.parse`, where the rules are), gives each line one
+verdict, and writes the valid records of each type as Parquet files: ``ts``, ``peer``
+and the fields the analysis reads (:data:`~agiledart.analysis.schemas.ANALYZED`), under
+``<parts>/<type>/`` (in the output directory, which every executor reaches), but for the
+types whose sections need only partial aggregates, which the task computes from the
+records it parsed and writes instead (:mod:`~agiledart.analysis.partials`). Arrow judges
+a whole block of lines with a few vectorised comparisons, and these files are what the
+sections' queries scan in parallel partitions
+(:class:`~agiledart.analysis.frames.Frames`).
 
 A task returns what it counted: valid records per type and peer (with the earliest and
 latest ``ts``), malformed lines per reason and a few of them as examples. Malformed
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,8 @@ log = logging.getLogger("agiledart.analysis")
 _EXAMPLES = 10
 #: bytes of lines at the start of each file that the start of the trace is looked for in
 GUESS_BYTES = 1 << 20
+#: tasks per core that look for the start of the trace
+GUESS_TASKS_PER_CORE = 2
 _EXAMPLE_CHARS = 200
 
 
@@ -123,8 +127,9 @@ def read_traces(
 ) -> Traces:
     """Parse every trace file under ``directory`` (``<peer>/trace-NNNNNN.ndjson[.gz]``)
     and write its valid records and partial aggregates (windows of ``window_ms``) under
-    ``parts`` (emptied first), in one Spark job; in two where the earliest record is
-    not where :func:`_t0_guess` looks (the windows are counted from it)."""
+    ``parts`` (emptied first), in one Spark job after a small one that looks for the
+    trace's start (:func:`_t0_guess`: the windows are counted from it); in two where
+    the earliest record is not where that one looks."""
     directory = Path(directory)
     if not directory.is_dir():
         msg = f"{directory} is not a directory"
@@ -134,7 +139,7 @@ def read_traces(
         msg = f"no trace files (<peer>/trace-NNNNNN.ndjson[.gz]) under {directory}"
         raise AnalysisUsageError(msg)
     parts = Path(parts).resolve()
-    guess = _t0_guess(files)
+    guess = _t0_guess(spark, files)
     done = _read(spark, files, directory, parts, Windows(guess or 0.0, window_ms))
     start = min((first for d in done for _, first, _ in d["tally"].values()), default=None)
     if start is not None and start != guess:
@@ -203,10 +208,22 @@ def _read(
     return done
 
 
-def _t0_guess(files: list[Path]) -> float | None:
+def _t0_guess(spark: SparkSession, files: list[Path]) -> float | None:
     """The earliest valid record among the first :data:`GUESS_BYTES` of every file:
-    where a trace's first record nearly always is (each peer writes in time order)."""
-    found = [earliest_ts(str(path), GUESS_BYTES) for path in files]
+    where a trace's first record nearly always is (each peer writes in time order).
+    Spark's tasks read them, a few per core, so that a site's thousands of files are
+    not parsed one after the other in the driver."""
+    limit = GUESS_BYTES
+    tasks = min(len(files), GUESS_TASKS_PER_CORE * spark.sparkContext.defaultParallelism)
+    found: list[float | None] = (
+        spark.sparkContext.parallelize([str(path) for path in files], max(1, tasks))
+        .mapPartitions(lambda paths: [_earliest(earliest_ts(p, limit) for p in paths)])
+        .collect()
+    )
+    return _earliest(found)
+
+
+def _earliest(found: Iterable[float | None]) -> float | None:
     return min((t for t in found if t is not None), default=None)
 
 

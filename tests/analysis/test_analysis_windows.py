@@ -63,3 +63,24 @@ def test_windows_count_from_the_first_record_past_the_start_of_every_file(
         assert int(row["count"]) == len(values)
         assert percentile_fits(row["p50_ms"], values, 0.5)
         assert math.isclose(float(row["max_ms"]), max(values))
+
+
+def test_the_start_is_looked_for_by_spark_tasks_across_many_files(
+    spark: Any, tmp_path: Path
+) -> None:
+    # more files than the guess has tasks (a few per core): each task looks at several
+    root = tmp_path / "traces"
+    starts = []
+    for n in range(9):
+        with TraceWriter(root, f"p{n}", zone="z1") as writer:
+            for i in range(5):
+                writer.emit("peer", ts=T0 + 1000.0 * n + i, event="join", subject=f"p{n}")
+        starts.append(T0 + 1000.0 * n)
+    # and one file with nothing valid in it
+    (root / "p9").mkdir()
+    (root / "p9" / "trace-000000.ndjson").write_text("not json\n")
+    files = reader.trace_files(root)
+    assert len(files) == 10
+    assert len(files) > reader.GUESS_TASKS_PER_CORE * spark.sparkContext.defaultParallelism
+    assert reader._t0_guess(spark, files) == min(starts)
+    assert reader._t0_guess(spark, files[-1:]) is None
