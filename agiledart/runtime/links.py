@@ -6,6 +6,11 @@ peers carries every app's traffic in order. A broken connection is dropped and t
 use reconnects. Credits come back over the connection they were earned on: the stream
 handlers registered with :meth:`Links.on_stream` are installed on every client.
 
+A peer closes its links before its task group ends, so a task can still ask for a
+connection afterwards, or be connecting then: once closed, the links refuse
+(:class:`~agiledart.overlay.errors.PeerUnreachable`) and close what such a task
+connected, instead of keeping a connection no one would close.
+
 An emulated control-plane round-trip time (``rtt_s``, the peer's ``--control-rtt-ms``)
 is added to every request: peers on one loopback or one docker bridge answer in a
 tenth of a millisecond, where edge devices on WiFi or a WAN take tens, and a protocol
@@ -21,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agiledart.overlay.auth import ClusterKey
+from agiledart.overlay.errors import PeerUnreachable
 from agiledart.overlay.tcp import FrameClient, StreamHandler
 
 __all__ = ["Address", "Links"]
@@ -39,6 +45,7 @@ class Links:
         self._clients: dict[Address, FrameClient] = {}
         self._connecting: dict[Address, asyncio.Lock] = {}
         self._streams: dict[str, StreamHandler] = {}
+        self._closed = False
 
     def on_stream(self, type: str, handler: StreamHandler) -> None:
         self._streams[type] = handler
@@ -50,6 +57,7 @@ class Links:
         client = self._clients.get(address)
         if client is not None and not client.closed:
             return client
+        self._refuse_if_closed(address)
         lock = self._connecting.setdefault(address, asyncio.Lock())
         async with lock:
             client = self._clients.get(address)
@@ -57,10 +65,15 @@ class Links:
                 return client
             if client is not None:
                 await client.aclose()
+            self._refuse_if_closed(address)
             host, port = address
             client = await FrameClient.connect(
                 host, port, key=self.key, name=self.name, timeout=self.connect_timeout
             )
+            if self._closed:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+                self._refuse_if_closed(address)
             for type, handler in self._streams.items():
                 client.on_stream(type, handler)
             self._clients[address] = client
@@ -80,7 +93,15 @@ class Links:
         return await client.request(type, body, timeout=timeout)
 
     async def aclose(self) -> None:
+        """Close every connection; later requests are refused."""
+        self._closed = True
         clients, self._clients = list(self._clients.values()), {}
         for client in clients:
             with contextlib.suppress(Exception):
                 await client.aclose()
+
+    def _refuse_if_closed(self, address: Address) -> None:
+        if self._closed:
+            host, port = address
+            msg = f"no connection to {host}:{port}: {self.name}'s links are closed"
+            raise PeerUnreachable(msg)

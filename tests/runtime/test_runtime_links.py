@@ -1,4 +1,5 @@
-"""Outgoing links: the emulated control-plane round-trip time (``--control-rtt-ms``)."""
+"""Outgoing links: the emulated control-plane round-trip time (``--control-rtt-ms``), and
+no connection left open by a request under way when a peer closes its links."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from agiledart.cli.entry import build_parser
 from agiledart.overlay.auth import ClusterKey
+from agiledart.overlay.errors import PeerUnreachable
 from agiledart.overlay.tcp import ConnectionInfo, FrameServer
 from agiledart.peer import Peer, PeerConfig
 from agiledart.runtime.links import Links
@@ -34,6 +36,29 @@ async def test_every_request_waits_the_emulated_round_trip(rtt_s: float) -> None
                 start = loop.time()
                 assert await links.request(address, "echo", {"x": x}, timeout=5) == x
                 assert loop.time() - start >= rtt_s  # a lower bound: never flaky
+        finally:
+            await links.aclose()
+            await server.aclose()
+
+
+async def test_a_connection_made_as_the_links_close_is_closed_too() -> None:
+    """A peer closes its links before its task group ends, so its tasks can still be
+    connecting (or start to): what they connect must not outlive the links, an open
+    socket no one closes (it used to be stored after the close)."""
+    server = FrameServer(key=KEY, name="bob")
+    server.route("echo", echo)
+    links = Links(KEY, "alice")
+    async with asyncio.TaskGroup() as group, server:
+        address = await server.start(group)
+        try:
+            connecting = asyncio.create_task(links.client(address))
+            await asyncio.sleep(0)  # the connection under way
+            await links.aclose()
+            with pytest.raises(PeerUnreachable, match="closed"):
+                await connecting
+            with pytest.raises(PeerUnreachable, match="closed"):
+                await links.request(address, "echo", {"x": 2}, timeout=5)
+            assert not links._clients
         finally:
             await links.aclose()
             await server.aclose()
