@@ -66,7 +66,12 @@ Spark's own reader, which the analysis used before it parsed with Arrow
 
 ``cpu_s`` is the CPU time the analysis took (the driver, the local JVM and its Python
 workers; in local mode only), next to the machine's ``load`` average at the end: on a
-shared machine the wall-clock rates move with the load, the CPU time much less.
+shared machine the wall-clock rates move with the load, the CPU time much less. The
+same, per phase of the first run on each master: ``read_cpu_s`` and ``jobs_cpu_s``
+(``local1_...`` on ``local[1]``), and the cores each phase kept busy on average,
+``read_cores`` and ``jobs_cores`` (CPU time / wall-clock time; ``local1_...``). A phase
+that keeps as many cores busy on ``local[1]`` as on ``local[2]`` is work a second task
+slot does not shorten.
 
 With ``--json`` the last line printed is one JSON object.
 """
@@ -400,20 +405,24 @@ def _executors(children: dict[int, list[int]]) -> list[int]:
 
 class PeakMemory:
     """Samples, every 0.2 s on a thread, the resident memory of each executor's process
-    tree; :attr:`peak_mb` is the largest sum seen."""
+    tree (:attr:`peak_mb` is the largest sum seen) and the CPU seconds this process's
+    tree has used (:attr:`cpu`, with the time of each sample: :func:`phase_cpu_s`)."""
 
     def __init__(self) -> None:
         self.peak_mb = 0.0
+        self.cpu: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> PeakMemory:
+        self.cpu.append((time.perf_counter(), tree_cpu_s()))
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self.cpu.append((time.perf_counter(), tree_cpu_s()))
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
@@ -421,6 +430,28 @@ class PeakMemory:
             for pid in _executors(children):
                 used = sum(_rss_mb(p) for p in _tree(pid, children))
                 self.peak_mb = max(self.peak_mb, used)
+            mine = sum(_cpu_s(p) for p in _tree(os.getpid(), children))
+            self.cpu.append((time.perf_counter(), mine))
+
+
+def _cpu_at(samples: list[tuple[float, float]], at: float) -> float:
+    """The CPU seconds used by ``at``, read between the two samples around it."""
+    before = max((s for s in samples if s[0] <= at), default=samples[0])
+    after = min((s for s in samples if s[0] >= at), default=samples[-1])
+    if after[0] <= before[0]:
+        return before[1]
+    share = (at - before[0]) / (after[0] - before[0])
+    return before[1] + share * (after[1] - before[1])
+
+
+def phase_cpu_s(samples: list[tuple[float, float]], start: float, end: float) -> float:
+    """CPU seconds used between ``start`` and ``end`` by the sampled process tree."""
+    return max(0.0, _cpu_at(samples, end) - _cpu_at(samples, start))
+
+
+def _cores(cpu_s: float | None, seconds: float | None) -> float | None:
+    """Cores kept busy on average: CPU seconds over wall-clock seconds."""
+    return None if cpu_s is None or not seconds else round(cpu_s / seconds, 2)
 
 
 def _median(values: list[Any]) -> Any:
@@ -583,6 +614,11 @@ def main() -> int:
                 result = analyze(traces, out, spark=spark)
             seconds = time.perf_counter() - started
             cpu_s = tree_cpu_s() - cpu_started
+            read_at = started + result.timings["read_s"]
+            phases = {
+                "read_cpu_s": phase_cpu_s(memory.cpu, started, read_at),
+                "jobs_cpu_s": phase_cpu_s(memory.cpu, read_at, read_at + result.timings["jobs_s"]),
+            }
             warm: dict[str, list[int]] = {"two": [], "one": []}
             if args.warm:
                 again_at = time.perf_counter()
@@ -623,6 +659,14 @@ def main() -> int:
             **warm_rates(warm["two"], warm["one"]),
             "local1_read_s": None if one is None else one["read_s"],
             "local1_jobs_s": None if one is None else one["jobs_s"],
+            "read_cpu_s": round(phases["read_cpu_s"], 2),
+            "jobs_cpu_s": round(phases["jobs_cpu_s"], 2),
+            "read_cores": _cores(phases["read_cpu_s"], result.timings["read_s"]),
+            "jobs_cores": _cores(phases["jobs_cpu_s"], result.timings["jobs_s"]),
+            "local1_read_cpu_s": None if one is None else one["read_cpu_s"],
+            "local1_jobs_cpu_s": None if one is None else one["jobs_cpu_s"],
+            "local1_read_cores": None if one is None else one["read_cores"],
+            "local1_jobs_cores": None if one is None else one["jobs_cores"],
             "peak_executor_mb": round(max(peaks), 1),
             "single_task_sections": result.single_task_sections,
             "section_tasks": result.tasks,

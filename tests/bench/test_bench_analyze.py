@@ -68,6 +68,15 @@ def test_a_quick_run_reports_rows_per_second_beside_its_anchors() -> None:
     assert report["peak_executor_mb"] > 100  # a JVM at least
     assert report["single_task_sections"] == 0
     assert len(report["section_tasks"]) == 10
+    # each phase's CPU, on each master: a JVM and Python workers at work in both
+    cpus = os.cpu_count() or 1
+    for prefix in ("", "local1_"):
+        for phase in ("read", "jobs"):
+            assert report[f"{prefix}{phase}_cpu_s"] > 0, (prefix, phase)
+            cores = report[f"{prefix}{phase}_cores"]
+            # sampled every 0.2 s and read in between: a little past the machine's cores
+            assert 0 < cores < cpus + 1, (prefix, phase, cores)
+    assert report["read_cpu_s"] + report["jobs_cpu_s"] <= report["cpu_s"] + 0.5
 
 
 def _bench() -> Any:
@@ -105,6 +114,18 @@ def test_repeated_runs_report_the_medians_and_each_pairs_efficiency() -> None:
     assert alone["read_scaling_efficiency"] is None
     assert alone["scaling_efficiency_runs"] == []
     assert alone["scaling_efficiency_one_cpu"] is None
+
+
+def test_a_phase_cpu_is_read_between_the_samples_around_it() -> None:
+    bench = _bench()
+    samples = [(10.0, 1.0), (11.0, 2.0), (12.0, 4.0)]
+    assert bench.phase_cpu_s(samples, 10.0, 12.0) == 3.0
+    assert bench.phase_cpu_s(samples, 10.5, 11.5) == 1.5  # 3.0 - 1.5
+    assert bench.phase_cpu_s(samples, 9.0, 13.0) == 3.0  # outside: the first and last
+    assert bench.phase_cpu_s(samples, 11.0, 11.0) == 0.0
+    assert bench._cores(3.0, 2.0) == 1.5
+    assert bench._cores(None, 2.0) is None
+    assert bench._cores(1.0, 0.0) is None
 
 
 def test_warm_runs_report_their_medians_and_nothing_without_them() -> None:
