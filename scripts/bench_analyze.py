@@ -374,11 +374,11 @@ def _cpu_s(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
-def tree_cpu_s() -> float:
+def tree_cpu_s(children: dict[int, list[int]] | None = None) -> float:
     """CPU seconds used so far by this process and every process under it (the local
     JVM, its Python workers): unlike the wall-clock time, it barely moves with what
-    else the machine runs."""
-    return sum(_cpu_s(p) for p in _tree(os.getpid(), _children()))
+    else the machine runs. ``children``: a :func:`_children` read already."""
+    return sum(_cpu_s(p) for p in _tree(os.getpid(), children or _children()))
 
 
 def _tree(pid: int, children: dict[int, list[int]]) -> list[int]:
@@ -430,8 +430,7 @@ class PeakMemory:
             for pid in _executors(children):
                 used = sum(_rss_mb(p) for p in _tree(pid, children))
                 self.peak_mb = max(self.peak_mb, used)
-            mine = sum(_cpu_s(p) for p in _tree(os.getpid(), children))
-            self.cpu.append((time.perf_counter(), mine))
+            self.cpu.append((time.perf_counter(), tree_cpu_s(children)))
 
 
 def _cpu_at(samples: list[tuple[float, float]], at: float) -> float:
@@ -447,6 +446,10 @@ def _cpu_at(samples: list[tuple[float, float]], at: float) -> float:
 def phase_cpu_s(samples: list[tuple[float, float]], start: float, end: float) -> float:
     """CPU seconds used between ``start`` and ``end`` by the sampled process tree."""
     return max(0.0, _cpu_at(samples, end) - _cpu_at(samples, start))
+
+
+#: the figures of each phase of the first ``local[1]`` run, reported as ``local1_<key>``
+LOCAL1_PHASES = ("read_s", "jobs_s", "read_cpu_s", "jobs_cpu_s", "read_cores", "jobs_cores")
 
 
 def _cores(cpu_s: float | None, seconds: float | None) -> float | None:
@@ -657,16 +660,12 @@ def main() -> int:
         report: dict[str, Any] = {
             **rates(twos, ones, pinned, reads["two"], reads["one"], machine),
             **warm_rates(warm["two"], warm["one"]),
-            "local1_read_s": None if one is None else one["read_s"],
-            "local1_jobs_s": None if one is None else one["jobs_s"],
             "read_cpu_s": round(phases["read_cpu_s"], 2),
             "jobs_cpu_s": round(phases["jobs_cpu_s"], 2),
             "read_cores": _cores(phases["read_cpu_s"], result.timings["read_s"]),
             "jobs_cores": _cores(phases["jobs_cpu_s"], result.timings["jobs_s"]),
-            "local1_read_cpu_s": None if one is None else one["read_cpu_s"],
-            "local1_jobs_cpu_s": None if one is None else one["jobs_cpu_s"],
-            "local1_read_cores": None if one is None else one["read_cores"],
-            "local1_jobs_cores": None if one is None else one["jobs_cores"],
+            # the first local[1] run's phases, as its own report has them
+            **{f"local1_{key}": None if one is None else one[key] for key in LOCAL1_PHASES},
             "peak_executor_mb": round(max(peaks), 1),
             "single_task_sections": result.single_task_sections,
             "section_tasks": result.tasks,
